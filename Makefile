@@ -1,0 +1,41 @@
+# The two quick-start commands: `make run` (install, start the embedded database, load the demo, serve)
+# and `make test` (install the dev tools, run the whole test suite against a real Postgres).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: run test lint install dev bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch is installed first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a GPU build.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+run: install
+	$(BIN)/agentdb demo
+
+test: dev
+	$(BIN)/python -m pytest -q
+
+lint: dev
+	$(BIN)/ruff check agentdb navigation tests bench examples
+	$(BIN)/ruff format --check agentdb navigation tests bench examples
+	$(BIN)/mypy
+
+bench: dev
+	$(BIN)/python bench/scifact.py
+
+clean:
+	rm -rf $(VENV) .agentdb

@@ -1,0 +1,44 @@
+"""Settings read once from arguments or the environment; nothing else in agentdb calls os.getenv."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the database is, where the embedded server keeps its data, and how to serve."""
+
+    database_url: str | None = None
+    data_dir: Path = field(default_factory=lambda: Path(".agentdb"))
+    host: str = "127.0.0.1"
+    port: int = 8080
+    embedding_model: str = DEFAULT_MODEL
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+    statement_timeout_ms: int = 30_000
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Build settings from AGENTDB_* / DATABASE_URL variables; keyword overrides win when not None."""
+        env = os.environ
+        settings = cls(
+            database_url=env.get("DATABASE_URL") or None,
+            data_dir=Path(env.get("AGENTDB_DATA_DIR", ".agentdb")),
+            host=env.get("AGENTDB_HOST", "127.0.0.1"),
+            port=int(env.get("AGENTDB_PORT", "8080")),
+            embedding_model=env.get("AGENTDB_MODEL", DEFAULT_MODEL),
+            statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
+            anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
+            anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "data_dir" in given:
+            given["data_dir"] = Path(str(given["data_dir"]))
+        return replace(settings, **given)  # type: ignore[arg-type]

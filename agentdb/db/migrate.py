@@ -1,0 +1,76 @@
+"""Apply `migrations/NNNN_slug.sql` once each, in order, then re-apply the stored functions in `sql/`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from agentdb.db.pool import check_connection
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+MIGRATIONS_DIR = ROOT / "migrations"
+FUNCTIONS_DIR = ROOT / "sql"
+# A fixed advisory lock key so that a second migrator waits instead of racing the first.
+MIGRATION_LOCK_KEY = 0x6167_6462  # "agdb"
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _NAME.match(path.name)
+        if not match:
+            raise ValueError(f"migration file name must look like 0001_slug.sql: {path.name}")
+        found.append(Migration(int(match.group(1)), match.group(2), path))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ValueError("two migrations share a version number")
+    return found
+
+
+def migrate(conn: psycopg.Connection[Any]) -> list[int]:
+    """Bring the database up to date; return the versions applied now (empty when already current)."""
+    conn.autocommit = True
+    check_connection(conn)
+    conn.execute("select pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        with conn.transaction():
+            conn.execute("create schema if not exists agentdb")
+            conn.execute(
+                "create table if not exists agentdb.schema_migrations ("
+                " version int primary key, name text not null,"
+                " applied_at timestamptz not null default now())"
+            )
+        done = {row[0] for row in conn.execute("select version from agentdb.schema_migrations")}
+        applied = []
+        for migration in discover():
+            if migration.version in done:
+                continue
+            log.info("applying migration %04d_%s", migration.version, migration.name)
+            with conn.transaction():
+                conn.execute(migration.path.read_text())
+                conn.execute(
+                    "insert into agentdb.schema_migrations (version, name) values (%s, %s)",
+                    (migration.version, migration.name),
+                )
+            applied.append(migration.version)
+        with conn.transaction():
+            for path in sorted(FUNCTIONS_DIR.glob("*.sql")):
+                conn.execute(path.read_text())
+        return applied
+    finally:
+        conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

@@ -1,0 +1,77 @@
+"""Connections are configured in one place: pgvector types and orjson for json/jsonb."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.types.json import set_json_dumps, set_json_loads
+from psycopg_pool import ConnectionPool
+
+from agentdb.errors import DatabaseSetupError
+
+MIN_PGVECTOR = (0, 7, 0)
+MIN_POSTGRES = 150000
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def configure(conn: psycopg.Connection[Any]) -> None:
+    """Register pgvector and orjson on a new connection (the pool's `configure` hook)."""
+    set_json_dumps(_dumps, conn)
+    set_json_loads(orjson.loads, conn)
+    try:
+        register_vector(conn)
+    except psycopg.ProgrammingError:
+        # The vector type does not exist yet (before the first migration); the check says what to do.
+        conn.rollback()
+    conn.commit()
+
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 10.0) -> ConnectionPool:
+    """Open a pool on `url`; each connection is configured once when it is created."""
+    pool = ConnectionPool(
+        url, min_size=min_size, max_size=max_size, timeout=timeout, configure=configure, open=False
+    )
+    pool.open(wait=True, timeout=timeout)
+    return pool
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
+
+
+def check_server(server_version_num: int, vector_available: str | None, vector_installed: str | None) -> None:
+    """Fail fast with a clear message when the server or its pgvector is missing or too old."""
+    if server_version_num < MIN_POSTGRES:
+        raise DatabaseSetupError(
+            f"PostgreSQL {server_version_num // 10000} is too old: agentdb needs PostgreSQL 15 or newer",
+            hint="upgrade the server, or unset DATABASE_URL to use the embedded PostgreSQL 18",
+        )
+    version = vector_installed or vector_available
+    if version is None:
+        raise DatabaseSetupError(
+            "the pgvector extension ('vector') is not available on this server",
+            hint="install pgvector >= 0.7 on the server (e.g. the pgvector/pgvector image), "
+            "or unset DATABASE_URL to use the embedded PostgreSQL",
+        )
+    if parse_version(version) < MIN_PGVECTOR:
+        raise DatabaseSetupError(
+            f"pgvector {version} is too old: agentdb needs pgvector >= 0.7 (0.8 for iterative index scans)",
+            hint="run ALTER EXTENSION vector UPDATE after upgrading the pgvector package on the server",
+        )
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """Read the server version and pgvector availability, then apply `check_server`."""
+    row = conn.execute(
+        "select current_setting('server_version_num')::int,"
+        " (select default_version from pg_available_extensions where name = 'vector'),"
+        " (select extversion from pg_extension where extname = 'vector')"
+    ).fetchone()
+    assert row is not None
+    check_server(row[0], row[1], row[2])

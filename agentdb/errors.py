@@ -1,0 +1,121 @@
+"""One exception tree: every failure has a stable numeric code, a name, a message and a JSON path."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+# Stored functions raise agentdb errors with this SQLSTATE and a JSON detail {"code", "name", "path"}.
+DB_ERROR_SQLSTATE = "ADB00"
+
+
+class AgentDBError(Exception):
+    """Root of agentdb's errors; `http_status` is how the API reports it."""
+
+    code: ClassVar[int] = 1000
+    name: ClassVar[str] = "AgentDBError"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, path: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "name": self.name, "message": self.message, "path": self.path}
+        if self.hint:
+            body["hint"] = self.hint
+        return body
+
+    def __str__(self) -> str:
+        where = f" (at {self.path})" if self.path else ""
+        hint = f"\n  hint: {self.hint}" if self.hint else ""
+        return f"{self.name} {self.code}: {self.message}{where}{hint}"
+
+
+class InvalidAgentId(AgentDBError):
+    code, name, http_status = 3001, "InvalidAgentId", 404
+
+
+class GraphCompilationFailed(AgentDBError):
+    code, name, http_status = 3003, "GraphCompilationFailed", 400
+
+
+class AgentBusy(AgentDBError):
+    code, name, http_status = 3004, "AgentBusy", 409
+
+
+class ParamNotMutable(AgentDBError):
+    code, name, http_status = 3006, "ParamNotMutable", 400
+
+
+class InvalidParamValue(AgentDBError):
+    code, name, http_status = 3007, "InvalidParamValue", 400
+
+
+class StorageFileNotFound(AgentDBError):
+    """An unknown source, file or stored object."""
+
+    code, name, http_status = 3010, "StorageFileNotFound", 404
+
+
+class StorageKindMismatch(AgentDBError):
+    code, name, http_status = 3011, "StorageKindMismatch", 409
+
+
+class InferenceFailed(AgentDBError):
+    code, name, http_status = 4001, "InferenceFailed", 502
+
+
+class InferenceTimeout(AgentDBError):
+    code, name, http_status = 4002, "InferenceTimeout", 504
+
+
+class StorageContentError(AgentDBError):
+    """Bad stored or ingested content, or an embedding model / dimension mismatch."""
+
+    code, name, http_status = 8003, "StorageContentError", 400
+
+
+class DatabaseUnavailable(AgentDBError):
+    code, name, http_status = 9001, "DatabaseUnavailable", 503
+
+
+class DatabaseSetupError(AgentDBError):
+    """The database lacks something agentdb needs (pgvector missing or too old, migrations not applied)."""
+
+    code, name, http_status = 9002, "DatabaseSetupError", 503
+
+
+ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidAgentId,
+        GraphCompilationFailed,
+        AgentBusy,
+        ParamNotMutable,
+        InvalidParamValue,
+        StorageFileNotFound,
+        StorageKindMismatch,
+        InferenceFailed,
+        InferenceTimeout,
+        StorageContentError,
+        DatabaseUnavailable,
+        DatabaseSetupError,
+    )
+}
+
+
+def from_db_error(exc: Exception) -> AgentDBError | None:
+    """Translate an error raised by an agentdb stored function into the matching AgentDBError."""
+    diag = getattr(exc, "diag", None)
+    if diag is None or getattr(exc, "sqlstate", None) != DB_ERROR_SQLSTATE:
+        return None
+    try:
+        detail = orjson.loads(diag.message_detail or "{}")
+    except orjson.JSONDecodeError:
+        detail = {}
+    cls = ERRORS_BY_CODE.get(int(detail.get("code", 0)), AgentDBError)
+    return cls(diag.message_primary or "error", path=detail.get("path"), hint=diag.message_hint)

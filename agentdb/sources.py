@@ -1,0 +1,403 @@
+"""The registry of searchable sources: document tables agentdb creates and existing tables registered in place.
+
+Every source table carries three columns agentdb owns: `agentdb_chunk_id` (a stable chunk key),
+`agentdb_embedding` (the dense vector) and `agentdb_tsv` (lexemes, generated from the text columns).
+Statement-level triggers keep the BM25 postings and statistics equal to the rows.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentdb.errors import InvalidParamValue, StorageContentError, StorageFileNotFound, StorageKindMismatch
+
+SOURCE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+DOCS_SCHEMA = "agentdb_docs"
+# Columns of a document table that are not metadata fields.
+DOCUMENT_COLUMNS = ("doc_id", "chunk", "title", "text", "metadata")
+RESERVED_FIELDS = frozenset({"_id", "id", "doc_id", "chunk", "title", "text", "metadata"})
+
+FieldType = Literal["int", "float", "string", "bool", "string_set", "timestamp"]
+
+
+class FieldSpec(BaseModel):
+    """One typed metadata field: a key of `metadata` (document tables) or a column (registered tables)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    type: FieldType
+    optional: bool = True
+    default: Any = None
+    filterable: bool = True
+    column: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> FieldSpec:
+        if not FIELD_NAME.match(self.name):
+            raise ValueError(f"invalid field name {self.name!r}: use letters, digits and _ (max 63)")
+        if not self.optional and self.default is None:
+            raise ValueError(f"field {self.name!r} needs a default or must be optional")
+        if self.default is not None:
+            self.default = coerce_value(self, self.default)
+        return self
+
+
+def coerce_value(field: FieldSpec, value: Any) -> Any:
+    """Check `value` against the field type and return its JSON form; raise ValueError when it does not fit."""
+    kind = field.type
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ValueError(f"expected int, got {type(value).__name__}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected float, got {type(value).__name__}")
+        return float(value)
+    if kind == "string":
+        if not isinstance(value, str):
+            raise ValueError(f"expected string, got {type(value).__name__}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected bool, got {type(value).__name__}")
+        return value
+    if kind == "string_set":
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError("expected a list of strings")
+        return sorted(set(value))
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if not isinstance(value, str):
+        raise ValueError(f"expected an ISO 8601 timestamp, got {type(value).__name__}")
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"expected an ISO 8601 timestamp, got {value!r}") from exc
+    return value
+
+
+class Source(BaseModel):
+    """A registered source as stored in agentdb.sources."""
+
+    id: int
+    name: str
+    kind: Literal["documents", "table"]
+    table_schema: str
+    table_name: str
+    id_column: str
+    text_columns: list[str]
+    fields: list[FieldSpec] = Field(default_factory=list)
+    embedding_model: str
+    embedding_dim: int
+    ts_config: str
+    bm25_k1: float
+    bm25_b: float
+    chunk_size: int
+    chunk_overlap: int
+
+    def field(self, name: str) -> FieldSpec | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+    @property
+    def table(self) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(self.table_schema), sql.Identifier(self.table_name))
+
+
+def check_source_name(name: str) -> None:
+    if not SOURCE_NAME.match(name):
+        raise InvalidParamValue(
+            f"invalid source name {name!r}: use lowercase letters, digits and _, starting with a letter (max 63)",
+            path="source",
+        )
+
+
+def _row_to_source(row: dict[str, Any]) -> Source:
+    return Source.model_validate({**row, "ts_config": str(row["ts_config"])})
+
+
+_SELECT = (
+    "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
+    " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap"
+    " from agentdb.sources"
+)
+
+
+def get_source(conn: psycopg.Connection[Any], name: str) -> Source:
+    """The source called `name`, or StorageFileNotFound (3010) saying how to list the known ones."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        row = cur.execute(_SELECT + " where name = %s", (name,)).fetchone()  # noqa: S608 - constant text
+    if row is None:
+        raise StorageFileNotFound(
+            f"unknown source {name!r}", path="source", hint="list the sources with `agentdb sources`"
+        )
+    return _row_to_source(row)
+
+
+def list_sources(conn: psycopg.Connection[Any]) -> list[Source]:
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = cur.execute(_SELECT + " order by name").fetchall()  # noqa: S608 - constant text
+    return [_row_to_source(r) for r in rows]
+
+
+def _check_ts_config(conn: psycopg.Connection[Any], ts_config: str) -> None:
+    row = conn.execute("select to_regclass('pg_catalog.pg_ts_config') is not null,"
+                       " exists(select 1 from pg_ts_config where cfgname = %s)", (ts_config,)).fetchone()
+    if not row or not row[1]:
+        raise InvalidParamValue(f"unknown text search configuration {ts_config!r}", path="ts_config")
+
+
+def _install_triggers(conn: psycopg.Connection[Any], source: Source, text_columns: list[str]) -> None:
+    table = source.table
+    src = sql.Literal(str(source.id))
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in text_columns)
+    for statement in (
+        "create trigger agentdb_lex_insert after insert on {table} referencing new table as new_rows"
+        " for each statement execute function agentdb.lexical_after_insert({src})",
+        "create trigger agentdb_lex_delete after delete on {table} referencing old table as old_rows"
+        " for each statement execute function agentdb.lexical_after_delete({src})",
+        # Updates of searched text: first remove the old postings (a_), then add the new ones (b_).
+        "create trigger agentdb_lex_update_a after update of {cols} on {table} referencing old table as old_rows"
+        " for each statement execute function agentdb.lexical_after_delete({src})",
+        "create trigger agentdb_lex_update_b after update of {cols} on {table} referencing new table as new_rows"
+        " for each statement execute function agentdb.lexical_after_insert({src})",
+        "create trigger agentdb_lex_truncate after truncate on {table}"
+        " for each statement execute function agentdb.lexical_truncate({src})",
+    ):
+        conn.execute(sql.SQL(statement).format(table=table, src=src, cols=cols))  # type: ignore[arg-type]
+
+
+def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
+    row = conn.execute(
+        "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
+        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap)"
+        " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
+        " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s) returning id",
+        values,
+    ).fetchone()
+    assert row is not None
+    conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
+    return int(row[0])
+
+
+def _source_exists(conn: psycopg.Connection[Any], name: str) -> bool:
+    return conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone() is not None
+
+
+def create_document_source(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    embedding_model: str,
+    embedding_dim: int,
+    fields: list[FieldSpec] | None = None,
+    ts_config: str = "english",
+    bm25_k1: float = 1.2,
+    bm25_b: float = 0.75,
+    chunk_size: int = 256,
+    chunk_overlap: int = 32,
+) -> Source:
+    """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers."""
+    check_source_name(name)
+    if chunk_overlap >= chunk_size:
+        raise InvalidParamValue("chunk_overlap must be smaller than chunk_size", path="chunk_overlap")
+    fields = fields or []
+    for f in fields:
+        if f.name in RESERVED_FIELDS:
+            raise InvalidParamValue(f"field name {f.name!r} is reserved", path=f"fields.{f.name}")
+    with conn.transaction():
+        if _source_exists(conn, name):
+            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+        _check_ts_config(conn, ts_config)
+        source_id = _insert_source(
+            conn,
+            {
+                "name": name, "kind": "documents", "table_schema": DOCS_SCHEMA, "table_name": name,
+                "id_column": "doc_id", "text_columns": ["title", "text"],
+                "fields": [f.model_dump() for f in fields], "embedding_model": embedding_model,
+                "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
+                "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+            },
+        )
+        source = get_source(conn, name)
+        conn.execute(
+            sql.SQL(
+                "create table {table} ("
+                " agentdb_chunk_id bigint generated always as identity primary key,"
+                " doc_id text not null, chunk int not null check (chunk >= 0),"
+                " title text not null default '', text text not null,"
+                " metadata jsonb not null default '{{}}',"
+                " agentdb_embedding vector({dim}),"
+                " agentdb_tsv tsvector generated always as"
+                "  (to_tsvector({cfg}::regconfig, title || ' ' || text)) stored,"
+                " unique (doc_id, chunk))"
+            ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
+        )
+        _create_indexes(conn, source, metadata=True)
+        _install_triggers(conn, source, ["title", "text"])
+        assert source.id == source_id
+    return source
+
+
+def _create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:
+    conn.execute(
+        sql.SQL("create index {name} on {table} using hnsw (agentdb_embedding vector_cosine_ops)").format(
+            name=sql.Identifier(f"{source.table_name}_agentdb_hnsw"), table=source.table
+        )
+    )
+    if metadata:
+        conn.execute(
+            sql.SQL("create index {name} on {table} using gin (metadata jsonb_path_ops)").format(
+                name=sql.Identifier(f"{source.table_name}_agentdb_meta"), table=source.table
+            )
+        )
+
+
+_SA_TYPES: list[tuple[type, FieldType]] = [
+    (sa.Boolean, "bool"),
+    (sa.Integer, "int"),
+    (sa.Float, "float"),
+    (sa.Numeric, "float"),
+    (sa.DateTime, "timestamp"),
+    (sa.Date, "timestamp"),
+    (sa.String, "string"),
+]
+
+
+def _field_type(column_type: Any) -> FieldType | None:
+    if isinstance(column_type, sa.ARRAY) and isinstance(column_type.item_type, sa.String):
+        return "string_set"
+    for sa_type, kind in _SA_TYPES:
+        if isinstance(column_type, sa_type):
+            return kind
+    return None
+
+
+def reflect_columns(url: str, schema: str, table: str) -> list[dict[str, Any]]:
+    """The table's columns as SQLAlchemy reflects them (name, type, nullable)."""
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=sa.NullPool)
+    try:
+        inspector = sa.inspect(engine)
+        if not inspector.has_table(table, schema=schema):
+            raise StorageFileNotFound(f"table {schema}.{table} does not exist", path="table")
+        return list(inspector.get_columns(table, schema=schema))
+    finally:
+        engine.dispose()
+
+
+def register_table(
+    conn: psycopg.Connection[Any],
+    url: str,
+    name: str,
+    *,
+    table: str,
+    id_column: str,
+    text_columns: list[str],
+    embedding_model: str,
+    embedding_dim: int,
+    schema: str = "public",
+    ts_config: str = "english",
+    bm25_k1: float = 1.2,
+    bm25_b: float = 0.75,
+) -> Source:
+    """Register an existing table in place: reflect its columns into typed fields, then add only the
+    agentdb columns (chunk key, embedding, generated tsvector), the indexes and the lexical triggers.
+    Rows already in the table are indexed for BM25 at once; their embeddings are filled by `embed_missing`.
+    """
+    check_source_name(name)
+    columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
+    for path, column in [("id_column", id_column)] + [(f"text_columns[{i}]", c) for i, c in enumerate(text_columns)]:
+        if column not in columns:
+            raise InvalidParamValue(f"table {schema}.{table} has no column {column!r}", path=path)
+    for i, column in enumerate(text_columns):
+        if not isinstance(columns[column]["type"], sa.String):
+            raise InvalidParamValue(f"text column {column!r} is not a text type", path=f"text_columns[{i}]")
+    if not text_columns:
+        raise InvalidParamValue("at least one text column is needed", path="text_columns")
+    fields = []
+    for column_name, column in columns.items():
+        if column_name in (id_column, *text_columns) or column_name.startswith("agentdb_"):
+            continue
+        kind = _field_type(column["type"])
+        if kind is None or not FIELD_NAME.match(column_name):
+            continue
+        fields.append(FieldSpec(name=column_name, type=kind, optional=True, column=column_name))
+    with conn.transaction():
+        if _source_exists(conn, name):
+            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+        _check_ts_config(conn, ts_config)
+        _insert_source(
+            conn,
+            {
+                "name": name, "kind": "table", "table_schema": schema, "table_name": table,
+                "id_column": id_column, "text_columns": text_columns,
+                "fields": [f.model_dump() for f in fields], "embedding_model": embedding_model,
+                "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
+                "chunk_size": 256, "chunk_overlap": 32,
+            },
+        )
+        source = get_source(conn, name)
+        document = sql.SQL(" || ' ' || ").join(
+            sql.SQL("coalesce({}, '')").format(sql.Identifier(c)) for c in text_columns
+        )
+        conn.execute(
+            sql.SQL(
+                "alter table {table}"
+                " add column agentdb_chunk_id bigint generated always as identity unique,"
+                " add column agentdb_embedding vector({dim}),"
+                " add column agentdb_tsv tsvector generated always as (to_tsvector({cfg}::regconfig, {doc})) stored"
+            ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config), doc=document)
+        )
+        # A changed text makes the stored embedding stale: clear it so `embed_missing` recomputes it.
+        conn.execute(
+            sql.SQL(
+                "create trigger agentdb_stale_embedding before update of {cols} on {table}"
+                " for each row execute function agentdb.clear_stale_embedding()"
+            ).format(cols=sql.SQL(", ").join(sql.Identifier(c) for c in text_columns), table=source.table)
+        )
+        _create_indexes(conn, source, metadata=False)
+        _install_triggers(conn, source, text_columns)
+        conn.execute("select agentdb.lexical_rebuild(%s)", (name,))
+    return source
+
+
+def add_fields(conn: psycopg.Connection[Any], source: Source, new_fields: list[FieldSpec]) -> Source:
+    """Add metadata fields discovered during ingestion (document sources only)."""
+    if not new_fields:
+        return source
+    if source.kind != "documents":
+        raise StorageContentError(f"source {source.name!r} is a registered table; its fields are its columns")
+    merged = [*source.fields, *new_fields]
+    conn.execute(
+        "update agentdb.sources set fields = %s where id = %s", (psycopg.types.json.Jsonb([f.model_dump() for f in merged]), source.id)
+    )
+    return source.model_copy(update={"fields": merged})
+
+
+def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
+    """Remove a source. A document table is dropped; a registered table keeps its rows but loses agentdb's
+    columns and triggers."""
+    source = get_source(conn, name)
+    with conn.transaction():
+        if source.kind == "documents":
+            conn.execute(sql.SQL("drop table {}").format(source.table))
+        else:
+            for trigger in ("agentdb_lex_insert", "agentdb_lex_delete", "agentdb_lex_update_a", "agentdb_lex_update_b",
+                            "agentdb_lex_truncate", "agentdb_stale_embedding"):
+                conn.execute(sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(trigger), source.table))
+            conn.execute(
+                sql.SQL("alter table {} drop column agentdb_tsv, drop column agentdb_embedding,"
+                        " drop column agentdb_chunk_id").format(source.table)
+            )
+        conn.execute("delete from agentdb.sources where id = %s", (source.id,))

@@ -1,0 +1,167 @@
+-- The lexical index. Every source table carries agentdb_chunk_id and agentdb_tsv; these statement-level
+-- triggers (argument: the source id) keep agentdb.postings, term_stats and corpus_stats equal to the
+-- rows in the same transaction, whoever writes the table (agentdb's ingestion or another program).
+
+-- Updates run both: a delete trigger over the old rows, then an insert trigger over the new ones
+-- (trigger names order them), and only when a searched text column is in the UPDATE.
+
+-- The statements that add the postings and statistics of the rows of relation `rel` (a transition
+-- table inside a trigger, or a whole source table when rebuilding). Returned as text because only the
+-- trigger function itself can see its transition tables; $1 is the source id.
+create or replace function agentdb.lexical_add_sql(rel text) returns text[]
+language sql immutable as $$
+select array[
+    format($q$
+    with entries as (
+        select n.agentdb_chunk_id as chunk_id, t.lexeme as term,
+               coalesce(cardinality(t.positions), 1) as tf
+        from %s n cross join lateral unnest(n.agentdb_tsv) as t
+    ), lengths as (
+        select chunk_id, sum(tf)::int as dl from entries group by chunk_id
+    ), ins as (
+        insert into agentdb.postings (source_id, term, chunk_id, tf, dl)
+        select $1, e.term, e.chunk_id, e.tf, l.dl from entries e join lengths l using (chunk_id)
+        returning term
+    )
+    insert into agentdb.term_stats as s (source_id, term, df)
+    select $1, term, count(*) from ins group by term order by term
+    on conflict (source_id, term) do update set df = s.df + excluded.df
+    $q$, rel),
+    format($q$
+    insert into agentdb.corpus_stats as c (source_id, n_chunks, total_len)
+    select $1, count(*),
+           coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0)
+    from %s n
+    on conflict (source_id) do update
+        set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len
+    $q$, rel)
+];
+$$;
+
+create or replace function agentdb.lexical_after_insert() returns trigger
+language plpgsql as $$
+declare
+    stmt text;
+begin
+    foreach stmt in array agentdb.lexical_add_sql('new_rows') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
+    return null;
+end;
+$$;
+
+-- Remove the postings and statistics of the rows in the transition table old_rows.
+create or replace function agentdb.lexical_after_delete() returns trigger
+language plpgsql as $$
+declare
+    src int := TG_ARGV[0]::int;
+begin
+    with gone as (
+        delete from agentdb.postings p
+        using old_rows o cross join lateral unnest(o.agentdb_tsv) as t
+        where p.source_id = src and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
+        returning p.term, p.dl
+    )
+    update agentdb.term_stats s set df = s.df - g.n
+    from (select term, count(*) as n from gone group by term order by term) g
+    where s.source_id = src and s.term = g.term;
+    delete from agentdb.term_stats where source_id = src and df <= 0;
+
+    update agentdb.corpus_stats c
+    set n_chunks = c.n_chunks - o.n, total_len = c.total_len - o.len
+    from (
+        select count(*) as n,
+               coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(r.agentdb_tsv) t)), 0) as len
+        from old_rows r
+    ) o
+    where c.source_id = src;
+    return null;
+end;
+$$;
+
+-- TRUNCATE of a source table empties its lexical index too.
+create or replace function agentdb.lexical_truncate() returns trigger
+language plpgsql as $$
+declare
+    src int := TG_ARGV[0]::int;
+begin
+    delete from agentdb.postings where source_id = src;
+    delete from agentdb.term_stats where source_id = src;
+    update agentdb.corpus_stats set n_chunks = 0, total_len = 0 where source_id = src;
+    return null;
+end;
+$$;
+
+-- Recompute a source's whole lexical index from its table (registration of a table with rows, repair).
+create or replace function agentdb.lexical_rebuild(source_name text) returns void
+language plpgsql as $$
+declare
+    src agentdb.sources;
+    stmt text;
+begin
+    select * into src from agentdb.sources where name = source_name for update;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+    end if;
+    delete from agentdb.postings where source_id = src.id;
+    delete from agentdb.term_stats where source_id = src.id;
+    delete from agentdb.corpus_stats where source_id = src.id;
+    foreach stmt in array agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name)) loop
+        execute stmt using src.id;
+    end loop;
+    insert into agentdb.corpus_stats (source_id) values (src.id) on conflict do nothing;
+end;
+$$;
+
+-- Compare a source's stored lexical index with one recomputed from its rows. Each row names a kind of
+-- difference and how many entries differ; all zeros means the index matches the documents exactly.
+create or replace function agentdb.lexical_check(source_name text)
+returns table (what text, mismatches bigint)
+language plpgsql as $$
+declare
+    src agentdb.sources;
+    rel text;
+begin
+    select * into src from agentdb.sources where name = source_name;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+    end if;
+    rel := format('%I.%I', src.table_schema, src.table_name);
+    return query execute format($q$
+        with entries as (
+            select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf
+            from %s n cross join lateral unnest(n.agentdb_tsv) as t
+        ), expected as (
+            select e.term, e.chunk_id, e.tf, sum(e.tf) over (partition by e.chunk_id)::int as dl from entries e
+        ), actual as (
+            select term, chunk_id, tf, dl from agentdb.postings where source_id = $1
+        ), expected_df as (
+            select term, count(*) as df from expected group by term
+        ), actual_df as (
+            select term, df from agentdb.term_stats where source_id = $1
+        )
+        select 'postings'::text, count(*) from (
+            (select * from expected except all select * from actual)
+            union all (select * from actual except all select * from expected)) d
+        union all
+        select 'term_stats', count(*) from (
+            (select * from expected_df except all select * from actual_df)
+            union all (select * from actual_df except all select * from expected_df)) d
+        union all
+        select 'corpus_stats', count(*) from (
+            select count(*) as n, coalesce(sum(
+                (select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0) as len
+            from %s n
+            except select n_chunks, total_len from agentdb.corpus_stats where source_id = $1) d
+    $q$, rel, rel) using src.id;
+end;
+$$;
+
+-- Registered tables: a row whose searched text changes loses its embedding until it is recomputed.
+create or replace function agentdb.clear_stale_embedding() returns trigger
+language plpgsql as $$
+begin
+    new.agentdb_embedding := null;
+    return new;
+end;
+$$;

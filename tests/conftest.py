@@ -1,0 +1,81 @@
+"""Shared fixtures: one real PostgreSQL per session (embedded, or AGENTDB_TEST_DSN), a migrated template
+database, and a fresh database cloned from it for every test that asks for one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from agentdb.db.migrate import migrate
+from agentdb.db.pool import configure
+from agentdb.db.server import start_embedded
+
+TEMPLATE = "agentdb_test_template"
+SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "scifact"
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A URL of a database on the test server (used as the maintenance connection)."""
+    dsn = os.environ.get("AGENTDB_TEST_DSN")
+    if dsn:
+        return dsn
+    return start_embedded(tmp_path_factory.mktemp("embedded"))
+
+
+@pytest.fixture(scope="session")
+def template_url(server_url: str) -> str:
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(TEMPLATE)))
+        admin.execute(sql.SQL("create database {}").format(sql.Identifier(TEMPLATE)))
+    url = make_conninfo(server_url, dbname=TEMPLATE)
+    with psycopg.connect(url) as conn:
+        migrate(conn)
+    return url
+
+
+@pytest.fixture
+def db_url(server_url: str, template_url: str) -> Iterator[str]:
+    """A fresh, migrated database for one test; dropped afterwards."""
+    name = f"agentdb_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("create database {} template {} strategy file_copy").format(
+                sql.Identifier(name), sql.Identifier(TEMPLATE)
+            )
+        )
+    try:
+        yield make_conninfo(server_url, dbname=name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A configured connection (pgvector, orjson) to the test's fresh database, autocommit off."""
+    with psycopg.connect(db_url) as connection:
+        configure(connection)
+        yield connection
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Any:
+    """The real bundled MiniLM embedder, loaded once."""
+    from agentdb.embed import load_embedder
+
+    return load_embedder()
+
+
+def scifact_path() -> Path:
+    if not (SCIFACT / "corpus.jsonl.gz").exists():
+        pytest.skip(f"SciFact is not present at {SCIFACT}; the quality gates need ../shared/datasets/scifact")
+    return SCIFACT

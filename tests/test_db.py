@@ -1,0 +1,93 @@
+"""The embedded server, migrations and the pgvector check, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentdb.db.migrate import discover, migrate
+from agentdb.db.pool import check_server
+from agentdb.db.server import start_embedded
+from agentdb.errors import DatabaseSetupError
+
+
+def test_embedded_server_reuses_its_data_directory(tmp_path: Any) -> None:
+    url = start_embedded(tmp_path)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table kept (x int)")
+        conn.execute("insert into kept values (42)")
+        version = conn.execute("select current_setting('server_version_num')::int").fetchone()
+    assert version is not None and version[0] >= 180000
+    again = start_embedded(tmp_path)
+    with psycopg.connect(again) as conn:
+        assert conn.execute("select x from kept").fetchall() == [(42,)]
+    assert (tmp_path / "pg" / "PG_VERSION").read_text().strip() == "18"
+
+
+def test_migrations_are_recorded_and_idempotent(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        recorded = conn.execute("select version, name from agentdb.schema_migrations order by version").fetchall()
+        assert recorded == [(m.version, m.name) for m in discover()]
+        tables_before = conn.execute(
+            "select count(*) from pg_tables where schemaname like 'agentdb%'"
+        ).fetchone()
+        conn.commit()
+        assert migrate(conn) == []
+        assert conn.execute("select count(*) from agentdb.schema_migrations").fetchone() == (len(recorded),)
+        assert conn.execute(
+            "select count(*) from pg_tables where schemaname like 'agentdb%'"
+        ).fetchone() == tables_before
+
+
+def test_concurrent_migrators_wait_for_each_other(server_url: str) -> None:
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    name = "agentdb_test_concurrent"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    url = make_conninfo(server_url, dbname=name)
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(url) as conn:
+                results.append(migrate(conn))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    applied = sorted(results, key=len)
+    assert applied[:2] == [[], []] and applied[2] == [m.version for m in discover()]
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize(
+    ("server", "available", "installed", "message"),
+    [
+        (140010, "0.8.0", None, "PostgreSQL 14 is too old"),
+        (180004, None, None, "pgvector extension \\('vector'\\) is not available"),
+        (160002, "0.6.2", None, "pgvector 0.6.2 is too old"),
+        (160002, "0.8.0", "0.5.1", "pgvector 0.5.1 is too old"),
+    ],
+)
+def test_missing_or_old_pgvector_is_a_clear_error(server: int, available: Any, installed: Any, message: str) -> None:
+    with pytest.raises(DatabaseSetupError, match=message) as caught:
+        check_server(server, available, installed)
+    assert caught.value.hint
+
+
+def test_current_pgvector_passes_the_check() -> None:
+    check_server(180004, "0.8.5", "0.8.5")
+    check_server(150000, "0.7.0", None)
