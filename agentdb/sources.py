@@ -14,6 +14,7 @@ from typing import Any, Literal
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentdb.errors import InvalidParamValue, StorageContentError, StorageFileNotFound, StorageKindMismatch
@@ -157,24 +158,21 @@ def _check_ts_config(conn: psycopg.Connection[Any], ts_config: str) -> None:
         raise InvalidParamValue(f"unknown text search configuration {ts_config!r}", path="ts_config")
 
 
-def _install_triggers(conn: psycopg.Connection[Any], source: Source, text_columns: list[str]) -> None:
+def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
     table = source.table
     src = sql.Literal(str(source.id))
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in text_columns)
     for statement in (
         "create trigger agentdb_lex_insert after insert on {table} referencing new table as new_rows"
         " for each statement execute function agentdb.lexical_after_insert({src})",
         "create trigger agentdb_lex_delete after delete on {table} referencing old table as old_rows"
         " for each statement execute function agentdb.lexical_after_delete({src})",
-        # Updates of searched text: first remove the old postings (a_), then add the new ones (b_).
-        "create trigger agentdb_lex_update_a after update of {cols} on {table} referencing old table as old_rows"
-        " for each statement execute function agentdb.lexical_after_delete({src})",
-        "create trigger agentdb_lex_update_b after update of {cols} on {table} referencing new table as new_rows"
-        " for each statement execute function agentdb.lexical_after_insert({src})",
+        "create trigger agentdb_lex_update after update on {table}"
+        " referencing old table as old_rows new table as new_rows"
+        " for each statement execute function agentdb.lexical_after_update({src})",
         "create trigger agentdb_lex_truncate after truncate on {table}"
         " for each statement execute function agentdb.lexical_truncate({src})",
     ):
-        conn.execute(sql.SQL(statement).format(table=table, src=src, cols=cols))  # type: ignore[arg-type]
+        conn.execute(sql.SQL(statement).format(table=table, src=src))  # type: ignore[arg-type]
 
 
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
@@ -225,7 +223,7 @@ def create_document_source(
             {
                 "name": name, "kind": "documents", "table_schema": DOCS_SCHEMA, "table_name": name,
                 "id_column": "doc_id", "text_columns": ["title", "text"],
-                "fields": [f.model_dump() for f in fields], "embedding_model": embedding_model,
+                "fields": Jsonb([f.model_dump() for f in fields]), "embedding_model": embedding_model,
                 "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
                 "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
             },
@@ -245,7 +243,7 @@ def create_document_source(
             ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
         )
         _create_indexes(conn, source, metadata=True)
-        _install_triggers(conn, source, ["title", "text"])
+        _install_triggers(conn, source)
         assert source.id == source_id
     return source
 
@@ -342,7 +340,7 @@ def register_table(
             {
                 "name": name, "kind": "table", "table_schema": schema, "table_name": table,
                 "id_column": id_column, "text_columns": text_columns,
-                "fields": [f.model_dump() for f in fields], "embedding_model": embedding_model,
+                "fields": Jsonb([f.model_dump() for f in fields]), "embedding_model": embedding_model,
                 "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
                 "chunk_size": 256, "chunk_overlap": 32,
             },
@@ -367,7 +365,7 @@ def register_table(
             ).format(cols=sql.SQL(", ").join(sql.Identifier(c) for c in text_columns), table=source.table)
         )
         _create_indexes(conn, source, metadata=False)
-        _install_triggers(conn, source, text_columns)
+        _install_triggers(conn, source)
         conn.execute("select agentdb.lexical_rebuild(%s)", (name,))
     return source
 
@@ -380,7 +378,7 @@ def add_fields(conn: psycopg.Connection[Any], source: Source, new_fields: list[F
         raise StorageContentError(f"source {source.name!r} is a registered table; its fields are its columns")
     merged = [*source.fields, *new_fields]
     conn.execute(
-        "update agentdb.sources set fields = %s where id = %s", (psycopg.types.json.Jsonb([f.model_dump() for f in merged]), source.id)
+        "update agentdb.sources set fields = %s where id = %s", (Jsonb([f.model_dump() for f in merged]), source.id)
     )
     return source.model_copy(update={"fields": merged})
 
@@ -393,7 +391,7 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
         if source.kind == "documents":
             conn.execute(sql.SQL("drop table {}").format(source.table))
         else:
-            for trigger in ("agentdb_lex_insert", "agentdb_lex_delete", "agentdb_lex_update_a", "agentdb_lex_update_b",
+            for trigger in ("agentdb_lex_insert", "agentdb_lex_delete", "agentdb_lex_update",
                             "agentdb_lex_truncate", "agentdb_stale_embedding"):
                 conn.execute(sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(trigger), source.table))
             conn.execute(

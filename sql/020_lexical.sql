@@ -2,9 +2,6 @@
 -- triggers (argument: the source id) keep agentdb.postings, term_stats and corpus_stats equal to the
 -- rows in the same transaction, whoever writes the table (agentdb's ingestion or another program).
 
--- Updates run both: a delete trigger over the old rows, then an insert trigger over the new ones
--- (trigger names order them), and only when a searched text column is in the UPDATE.
-
 -- The statements that add the postings and statistics of the rows of relation `rel` (a transition
 -- table inside a trigger, or a whole source table when rebuilding). Returned as text because only the
 -- trigger function itself can see its transition tables; $1 is the source id.
@@ -50,31 +47,64 @@ begin
 end;
 $$;
 
--- Remove the postings and statistics of the rows in the transition table old_rows.
-create or replace function agentdb.lexical_after_delete() returns trigger
-language plpgsql as $$
-declare
-    src int := TG_ARGV[0]::int;
-begin
+-- The statements that remove the postings and statistics of the rows of relation `rel`; $1 is the source id.
+create or replace function agentdb.lexical_remove_sql(rel text) returns text[]
+language sql immutable as $$
+select array[
+    format($q$
     with gone as (
         delete from agentdb.postings p
-        using old_rows o cross join lateral unnest(o.agentdb_tsv) as t
-        where p.source_id = src and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
-        returning p.term, p.dl
+        using %s o cross join lateral unnest(o.agentdb_tsv) as t
+        where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
+        returning p.term
     )
     update agentdb.term_stats s set df = s.df - g.n
     from (select term, count(*) as n from gone group by term order by term) g
-    where s.source_id = src and s.term = g.term;
-    delete from agentdb.term_stats where source_id = src and df <= 0;
-
+    where s.source_id = $1 and s.term = g.term
+    $q$, rel),
+    'delete from agentdb.term_stats where source_id = $1 and df <= 0',
+    format($q$
     update agentdb.corpus_stats c
     set n_chunks = c.n_chunks - o.n, total_len = c.total_len - o.len
     from (
         select count(*) as n,
                coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(r.agentdb_tsv) t)), 0) as len
-        from old_rows r
+        from %s r
     ) o
-    where c.source_id = src;
+    where c.source_id = $1
+    $q$, rel)
+];
+$$;
+
+create or replace function agentdb.lexical_after_delete() returns trigger
+language plpgsql as $$
+declare
+    stmt text;
+begin
+    foreach stmt in array agentdb.lexical_remove_sql('old_rows') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
+    return null;
+end;
+$$;
+
+-- An update whose lexemes changed is a removal of the old version and an addition of the new one.
+-- (Transition tables cannot be combined with UPDATE OF column lists, hence the comparison here.)
+create or replace function agentdb.lexical_after_update() returns trigger
+language plpgsql as $$
+declare
+    stmt text;
+begin
+    foreach stmt in array agentdb.lexical_remove_sql(
+        '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id)'
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
+    foreach stmt in array agentdb.lexical_add_sql(
+        '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id)'
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
     return null;
 end;
 $$;

@@ -1,0 +1,168 @@
+"""FastAPI application: lifespan (database, pool, migrations), routes, and the error envelope."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import BaseModel
+
+from agentdb import __version__
+from agentdb.config import Settings
+from agentdb.db import resolve_url
+from agentdb.db.migrate import migrate
+from agentdb.db.pool import open_pool
+from agentdb.errors import AgentDBError, DatabaseUnavailable, InvalidParamValue
+from agentdb.sources import FieldSpec, Source, get_source, list_sources
+
+log = logging.getLogger(__name__)
+
+
+class ErrorBody(BaseModel):
+    code: int
+    name: str
+    message: str
+    path: str | None = None
+    hint: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorBody
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    version: str
+
+
+class SourceOut(BaseModel):
+    name: str
+    kind: str
+    table: str
+    text_columns: list[str]
+    fields: list[FieldSpec]
+    embedding_model: str
+    embedding_dim: int
+    ts_config: str
+    documents: int
+    chunks: int
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 503)
+}
+
+
+def _json_path(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out or "$"
+
+
+def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None = None) -> FastAPI:
+    """Build the app; with no `pool`, the lifespan opens one on DATABASE_URL or the embedded server."""
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_pool = pool is None
+        app.state.pool = pool or open_pool(
+            resolve_url(settings), min_size=settings.pool_min_size, max_size=settings.pool_max_size
+        )
+        with app.state.pool.connection() as conn:
+            migrate(conn)
+        try:
+            yield
+        finally:
+            if own_pool:
+                app.state.pool.close()
+
+    app = FastAPI(
+        title="agentdb",
+        version=__version__,
+        description="A retrieval agent that lives inside PostgreSQL.",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+    )
+
+    def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with request.app.state.pool.connection() as conn:
+                conn.execute("select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),))
+                yield conn
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"the database is unavailable: {exc}") from exc
+
+    @app.exception_handler(AgentDBError)
+    async def agentdb_error(request: Request, exc: AgentDBError) -> Response:
+        headers = {"Retry-After": "1"} if exc.http_status == 503 else None
+        return envelope(exc.to_dict(), exc.http_status, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        error = InvalidParamValue(str(first.get("msg")), path=_json_path(tuple(first.get("loc", ()))))
+        return envelope(error.to_dict(), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        body = {"code": 1000 + exc.status_code, "name": "HTTPError", "message": str(exc.detail), "path": request.url.path}
+        return envelope(body, exc.status_code, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        body = {"code": 1500, "name": "InternalError", "message": "internal error; see the server log", "path": None}
+        return envelope(body, 500)
+
+    @app.get("/healthz", response_model=Health)
+    def healthz(conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
+        row = conn.execute("select current_setting('server_version')").fetchone()
+        return Health(status="ok", database=f"PostgreSQL {row[0] if row else '?'}", version=__version__)
+
+    @app.get("/sources/{name}", response_model=SourceOut)
+    def source(name: str, conn: psycopg.Connection[Any] = Depends(connection)) -> SourceOut:  # noqa: B008
+        return source_out(conn, get_source(conn, name))
+
+    @app.get("/sources", response_model=list[SourceOut])
+    def sources(conn: psycopg.Connection[Any] = Depends(connection)) -> list[SourceOut]:  # noqa: B008
+        return [source_out(conn, s) for s in list_sources(conn)]
+
+    return app
+
+
+def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
+    """The error envelope {"error": {"code", "name", "message", "path"}} as an orjson response."""
+    return Response(orjson.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json")
+
+
+def source_out(conn: psycopg.Connection[Any], s: Source) -> SourceOut:
+    return SourceOut(
+        name=s.name, kind=s.kind, table=f"{s.table_schema}.{s.table_name}", text_columns=s.text_columns,
+        fields=s.fields, embedding_model=s.embedding_model, embedding_dim=s.embedding_dim,
+        ts_config=s.ts_config, **source_counts(conn, s),
+    )
+
+
+def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, int]:
+    """How many documents and chunks a source holds."""
+    column = "doc_id" if source.kind == "documents" else source.id_column
+    row = conn.execute(
+        sql.SQL("select count(distinct {}), count(*) from {}").format(sql.Identifier(column), source.table)
+    ).fetchone()
+    return {"documents": int(row[0]), "chunks": int(row[1])} if row else {"documents": 0, "chunks": 0}

@@ -1,0 +1,326 @@
+"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, db-url, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from agentdb.config import Settings
+from agentdb.errors import AgentDBError, InvalidParamValue
+
+log = logging.getLogger("agentdb")
+
+DEMO_SOURCE = "pgdocs"
+DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdocs.jsonl.gz"
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        data_dir=getattr(args, "data_dir", None), host=getattr(args, "host", None), port=getattr(args, "port", None)
+    )
+
+
+@contextmanager
+def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to an up-to-date database (migrations are applied if needed)."""
+    from agentdb.db import resolve_url
+    from agentdb.db.migrate import migrate
+    from agentdb.db.pool import configure
+
+    url = resolve_url(_settings(args))
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+        configure(conn)
+        yield conn
+
+
+def _json_arg(text: str | None, path: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidParamValue(f"not valid JSON: {exc}", path=path) from exc
+
+
+def cmd_migrate(args: argparse.Namespace) -> None:
+    from agentdb.db import resolve_url
+    from agentdb.db.migrate import migrate
+
+    with psycopg.connect(resolve_url(_settings(args))) as conn:
+        applied = migrate(conn)
+    print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}" if applied else "database is up to date")
+
+
+def cmd_db_url(args: argparse.Namespace) -> None:
+    from agentdb.db import resolve_url
+
+    settings = _settings(args)
+    print(resolve_url(settings, keep_running=True))
+    if not settings.database_url:
+        print("(the embedded server keeps running for psql; it stops when the data directory's last agentdb "
+              "process exits, or with `pg_ctl stop`)", file=sys.stderr)
+
+
+def cmd_sources(args: argparse.Namespace) -> None:
+    from agentdb.api.app import source_counts
+    from agentdb.sources import list_sources
+
+    with _connect(args) as conn:
+        found = list_sources(conn)
+        if args.json:
+            print(orjson.dumps([{**s.model_dump(), **source_counts(conn, s)} for s in found]).decode())
+            return
+        if not found:
+            print("no sources yet: `agentdb ingest NAME FILE...` creates one")
+            return
+        print(f"{'name':20} {'kind':10} {'documents':>9} {'chunks':>8}  model / fields")
+        for s in found:
+            counts = source_counts(conn, s)
+            fields = ", ".join(f"{f.name}:{f.type}" for f in s.fields)
+            print(f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
+                  f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}")
+
+
+def cmd_ingest(args: argparse.Namespace) -> None:
+    from agentdb.embed import load_embedder
+    from agentdb.ingest.pipeline import FieldMap, ingest
+    from agentdb.ingest.readers import read_records
+
+    mapping = FieldMap(
+        id_field=args.id_field, title_field=args.title_field, text_field=args.text_field,
+        embedding_field=args.embedding_field,
+        include=tuple(args.include_field) if args.include_field else None, exclude=tuple(args.exclude_field or ()),
+    )
+
+    def records() -> Iterator[Any]:
+        for name in args.files:
+            yield from read_records(Path(name))
+
+    with _connect(args) as conn:
+        report = ingest(
+            conn, args.source, records(), load_embedder(_settings(args).embedding_model), mapping=mapping,
+            skip_bad=args.skip_bad, progress=not args.no_progress, chunk_size=args.chunk_size,
+            chunk_overlap=args.chunk_overlap,
+        )
+    for bad in report.skipped:
+        print(f"skipped: {bad}", file=sys.stderr)
+    print(report.summary())
+
+
+def cmd_register(args: argparse.Namespace) -> None:
+    from agentdb.db import resolve_url
+    from agentdb.embed import load_embedder
+    from agentdb.sources import register_table
+
+    embedder = load_embedder(_settings(args).embedding_model)
+    with _connect(args) as conn:
+        source = register_table(
+            conn, resolve_url(_settings(args)), args.source, table=args.table, schema=args.schema,
+            id_column=args.id_column, text_columns=args.text_column, embedding_model=embedder.model_name,
+            embedding_dim=embedder.dim, ts_config=args.ts_config,
+        )
+        from agentdb.ingest.embed_missing import embed_missing
+
+        filled = embed_missing(conn, source, embedder, progress=not args.no_progress)
+    print(f"registered {source.name} ({source.table_schema}.{source.table_name}): "
+          f"{len(source.fields)} fields, {filled} rows embedded")
+
+
+def cmd_search(args: argparse.Namespace) -> None:
+    from agentdb.retrieval import retrieve
+
+    with _connect(args) as conn:
+        result = retrieve(
+            conn, args.source, args.query, mode=args.mode, top_k=args.top_k, rrf_k=args.rrf_k,
+            threshold=args.threshold, filter=_json_arg(args.filter, "filter"), group_by_doc=args.group_by_doc,
+        )
+    if args.json:
+        print(orjson.dumps({"route": result.route, "hits": [h.__dict__ for h in result.hits],
+                            "diagnostics": result.diagnostics}).decode())
+        return
+    if not result.hits:
+        counts = result.diagnostics.get("parameters", {})
+        print(f"not found (raw {counts.get('raw_result_count')}, removed by threshold {counts.get('filtered_count')})")
+    for h in result.hits:
+        dist = "-" if h.distance is None else f"{h.distance:.3f}"
+        bm25 = "-" if h.bm25_score is None else f"{h.bm25_score:.2f}"
+        text = " ".join((h.text or "").split())[:100]
+        print(f"{h.rank:>3}. {h.id} #{h.chunk}  score {h.score:.4f}  distance {dist}  bm25 {bm25}  {text}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from agentdb.evaluation import evaluate, load_qrels, load_queries
+    from agentdb.retrieval import retrieve
+
+    queries, qrels = load_queries(Path(args.queries)), load_qrels(Path(args.qrels))
+    with _connect(args) as conn:
+        for mode in args.mode:
+            result = evaluate(
+                lambda text, mode=mode: [  # type: ignore[misc]
+                    (h.id, h.score)
+                    for h in retrieve(conn, args.source, text, mode=mode, top_k=100, threshold=args.threshold,
+                                      group_by_doc=True).hits
+                ],
+                queries, qrels, progress=not args.no_progress,
+            )
+            print(f"{mode:8} nDCG@10 {result.ndcg10:.4f}  Recall@100 {result.recall100:.4f}  "
+                  f"queries {result.queries}  p50 {result.percentile(50):.1f} ms (including query embedding)")
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    from agentdb.retrieval import run_sql
+
+    with _connect(args) as conn:
+        rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
+        bad = {what: n for what, n in rows if n}
+        if not bad:
+            print(f"{args.source}: postings, term statistics and corpus statistics match the documents")
+            return
+        print(f"{args.source}: mismatches: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
+        if not args.repair:
+            raise AgentDBError("the lexical index does not match the documents", hint="run again with --repair")
+        run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": args.source})
+        rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
+        print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from agentdb.api import create_app
+
+    settings = _settings(args)
+    print(f"agentdb serving on http://{settings.host}:{settings.port} (OpenAPI at /docs)", file=sys.stderr)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from agentdb.embed import load_embedder
+    from agentdb.ingest.pipeline import ingest
+    from agentdb.ingest.readers import read_records
+    from agentdb.sources import list_sources
+
+    with _connect(args) as conn:
+        if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
+            print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
+        else:
+            print(f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; "
+                  "embedding takes a few minutes on a laptop CPU, once", file=sys.stderr)
+            report = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
+            print(report.summary(), file=sys.stderr)
+    if not args.no_serve:
+        cmd_serve(args)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="embedded server data directory (default ./.agentdb, env AGENTDB_DATA_DIR); "
+                        "ignored when DATABASE_URL is set")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentdb", description="A retrieval agent that lives inside PostgreSQL. "
+        "Uses DATABASE_URL when set, else an embedded PostgreSQL in --data-dir.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_common(p)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("serve", cmd_serve, "serve the HTTP API (binds 127.0.0.1:8080 by default)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+
+    p = command("demo", cmd_demo, "load the demo corpus (the PostgreSQL manual) if needed, then serve")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--no-serve", action="store_true", help="load the demo corpus and exit")
+
+    command("migrate", cmd_migrate, "apply pending migrations and re-apply the stored functions")
+    command("db-url", cmd_db_url, "print a URL psql can use (starts the embedded server and leaves it running)")
+    p = command("sources", cmd_sources, "list the sources with their counts and fields")
+    p.add_argument("--json", action="store_true")
+
+    p = command("ingest", cmd_ingest, "ingest JSONL, CSV or Parquet files (gzip too) into a document source")
+    p.add_argument("source")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--id-field", help="key of the document id (default: _id, else id)")
+    p.add_argument("--title-field", default="title")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--embedding-field", default="embedding", help="key of a precomputed vector, if any")
+    p.add_argument("--include-field", action="append", help="keep only these metadata keys (repeatable)")
+    p.add_argument("--exclude-field", action="append", help="ignore this key (repeatable)")
+    p.add_argument("--chunk-size", type=int, default=256, help="chunk size in embedder tokens (new sources)")
+    p.add_argument("--chunk-overlap", type=int, default=32, help="chunk overlap in tokens (new sources)")
+    p.add_argument("--skip-bad", action="store_true", help="report and skip bad rows instead of aborting")
+    p.add_argument("--no-progress", action="store_true")
+
+    p = command("register", cmd_register, "register an existing table in place as a source")
+    p.add_argument("source")
+    p.add_argument("--table", required=True)
+    p.add_argument("--schema", default="public")
+    p.add_argument("--id-column", required=True)
+    p.add_argument("--text-column", action="append", required=True, help="a searched text column (repeatable)")
+    p.add_argument("--ts-config", default="english")
+    p.add_argument("--no-progress", action="store_true")
+
+    p = command("search", cmd_search, "search a source (dense, lexical or hybrid)")
+    p.add_argument("source")
+    p.add_argument("query")
+    p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"])
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--rrf-k", type=int, default=60)
+    p.add_argument("--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none")
+    p.add_argument("--filter", help='metadata filter as JSON, e.g. \'{"year": {"$gte": 2020}}\'')
+    p.add_argument("--group-by-doc", action="store_true", help="best chunk per document")
+    p.add_argument("--json", action="store_true")
+
+    p = command("eval", cmd_eval, "nDCG@10 and Recall@100 on BEIR-format queries and qrels")
+    p.add_argument("source")
+    p.add_argument("--queries", required=True)
+    p.add_argument("--qrels", required=True)
+    p.add_argument("--mode", action="append", choices=["dense", "lexical", "hybrid"])
+    p.add_argument("--threshold", type=float, default=0.0)
+    p.add_argument("--no-progress", action="store_true")
+
+    p = command("check", cmd_check, "verify that postings and statistics match the documents")
+    p.add_argument("source")
+    p.add_argument("--repair", action="store_true", help="rebuild the lexical index when it does not match")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "eval" and not args.mode:
+        args.mode = ["lexical", "dense", "hybrid"]
+    try:
+        args.func(args)
+    except AgentDBError as exc:
+        where = f" (at {exc.path})" if exc.path else ""
+        hint = f"; hint: {exc.hint}" if exc.hint else ""
+        print(f"agentdb: error {exc.code} {exc.name}: {exc.message}{where}{hint}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"agentdb: error: cannot reach the database: {str(exc).strip().splitlines()[0]}; "
+              "check DATABASE_URL or --data-dir", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Ingestion: validate every record first, then chunk, embed in batches and write each batch with COPY in
+one transaction, so a bad row or a crash never leaves a half-written document."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from tqdm import tqdm
+
+from agentdb.embed import Embedder, check_model, check_vector
+from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError, StorageKindMismatch
+from agentdb.ingest.chunking import chunk_text
+from agentdb.ingest.readers import Located
+from agentdb.sources import (
+    RESERVED_FIELDS,
+    FieldSpec,
+    FieldType,
+    Source,
+    add_fields,
+    coerce_value,
+    create_document_source,
+    get_source,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which keys of a record hold the id, title, text and a precomputed embedding; every other key is
+    metadata (limited to `include` when given, never the keys in `exclude`)."""
+
+    id_field: str | None = None  # None: "_id", else "id" (BEIR style)
+    title_field: str = "title"
+    text_field: str = "text"
+    embedding_field: str = "embedding"
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass
+class Document:
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+    embedding: list[float] | None
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class BadRow:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: field {self.field!r}: {self.message}"
+
+
+@dataclass
+class IngestReport:
+    documents: int = 0
+    chunks: int = 0
+    replaced: int = 0
+    skipped: list[BadRow] = field(default_factory=list)
+    new_fields: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    embed_seconds: float = 0.0
+
+    def summary(self) -> str:
+        rate = self.documents / self.seconds if self.seconds else 0.0
+        chunk_rate = self.chunks / self.seconds if self.seconds else 0.0
+        return (
+            f"{self.documents} documents, {self.chunks} chunks in {self.seconds:.1f}s "
+            f"({rate:.0f} docs/s, {chunk_rate:.0f} chunks/s; embedding {self.embed_seconds:.1f}s); "
+            f"{self.replaced} replaced, {len(self.skipped)} skipped"
+        )
+
+
+class RowError(Exception):
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+        self.message = message
+
+
+def _infer_type(value: Any) -> FieldType | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dt.datetime):
+        return "timestamp"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "string_set"
+    return None
+
+
+class _Schema:
+    """The source's fields plus those inferred from this input (first type seen wins; int widens to float
+    while the field is new)."""
+
+    def __init__(self, source_fields: list[FieldSpec]) -> None:
+        self.fields = {f.name: f for f in source_fields}
+        self.new: dict[str, FieldSpec] = {}
+
+    def coerce(self, name: str, value: Any) -> Any:
+        spec = self.fields.get(name)
+        if spec is None:
+            kind = _infer_type(value)
+            if kind is None:
+                raise RowError(name, f"unsupported metadata value of type {type(value).__name__}; "
+                               "exclude the key with --exclude-field or flatten it")
+            spec = FieldSpec(name=name, type=kind, optional=True)
+            self.fields[name] = self.new[name] = spec
+        elif spec.type == "int" and isinstance(value, float) and not value.is_integer() and name in self.new:
+            spec = self.fields[name] = self.new[name] = spec.model_copy(update={"type": "float"})
+        try:
+            return coerce_value(spec, value)
+        except ValueError as exc:
+            raise RowError(name, f"{exc} (the field is {spec.type})") from exc
+
+
+def _parse(located: Located, mapping: FieldMap, schema: _Schema, dim: int) -> Document:
+    record = located.record
+    id_key = mapping.id_field or ("_id" if "_id" in record else "id")
+    raw_id = record.get(id_key)
+    if raw_id is None or raw_id == "":
+        raise RowError(id_key, "missing document id")
+    if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
+        raise RowError(id_key, "the document id must be a string or an integer")
+    text = record.get(mapping.text_field)
+    if not isinstance(text, str):
+        raise RowError(mapping.text_field, "missing text" if text is None else "the text must be a string")
+    title = record.get(mapping.title_field, "")
+    if not isinstance(title, str):
+        raise RowError(mapping.title_field, "the title must be a string")
+    embedding = None
+    if record.get(mapping.embedding_field) is not None:
+        try:
+            embedding = check_vector(record[mapping.embedding_field], dim, mapping.embedding_field)
+        except AgentDBError as exc:
+            raise RowError(mapping.embedding_field, exc.message) from exc
+    metadata: dict[str, Any] = {}
+    structural = {id_key, mapping.text_field, mapping.title_field, mapping.embedding_field}
+    for key, value in record.items():
+        if key in structural or key in mapping.exclude or value is None:
+            continue
+        if mapping.include is not None and key not in mapping.include:
+            continue
+        if key in RESERVED_FIELDS:
+            raise RowError(key, "this key name is reserved; rename it or exclude it with --exclude-field")
+        metadata[key] = schema.coerce(key, value)
+    for spec in schema.fields.values():
+        if spec.name not in metadata and not spec.optional:
+            metadata[spec.name] = spec.default
+    return Document(str(raw_id), title, text, metadata, embedding, located.file, located.line)
+
+
+def prepare(
+    records: Iterable[Located], mapping: FieldMap, source_fields: list[FieldSpec], dim: int, *, skip_bad: bool
+) -> tuple[list[Document], list[FieldSpec], list[BadRow]]:
+    """Validate every record before anything is written: the documents (the last one wins for a repeated
+    id), the metadata fields new to the source, and the bad rows (raised at once unless `skip_bad`)."""
+    schema = _Schema(source_fields)
+    documents: dict[str, Document] = {}
+    bad: list[BadRow] = []
+    for located in records:
+        try:
+            doc = _parse(located, mapping, schema, dim)
+        except RowError as exc:
+            row = BadRow(located.file, located.line, exc.field, exc.message)
+            if not skip_bad:
+                raise StorageContentError(
+                    f"bad row at {row}; nothing was written",
+                    path=f"{row.file}:{row.line}.{row.field}",
+                    hint="fix the row, or pass --skip-bad to report and skip bad rows",
+                ) from exc
+            bad.append(row)
+            continue
+        documents.pop(doc.doc_id, None)
+        documents[doc.doc_id] = doc
+    return list(documents.values()), list(schema.new.values()), bad
+
+
+def _embedding_input(title: str, chunk: str) -> str:
+    return f"{title}\n{chunk}" if title else chunk
+
+
+def _batches(documents: list[Document], size: int) -> Iterator[list[Document]]:
+    for start in range(0, len(documents), size):
+        yield documents[start : start + size]
+
+
+def write_documents(
+    conn: psycopg.Connection[Any],
+    source: Source,
+    documents: list[Document],
+    embedder: Embedder | None,
+    *,
+    batch_size: int = 64,
+    progress: bool = True,
+    report: IngestReport | None = None,
+) -> IngestReport:
+    """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole."""
+    report = report or IngestReport()
+    if any(d.embedding is None for d in documents):
+        if embedder is None:
+            raise StorageContentError("documents without an `embedding` need an embedder", path="embedding")
+        check_model(source.embedding_model, embedder.model_name, source.name)
+    copy = sql.SQL(
+        "copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin"
+    ).format(source.table)
+    delete = sql.SQL("delete from {} where doc_id = any(%s) returning doc_id").format(source.table)
+    bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
+    try:
+        for batch in _batches(documents, batch_size):
+            rows: list[tuple[Any, ...]] = []
+            to_embed: list[int] = []
+            texts: list[str] = []
+            for doc in batch:
+                if doc.embedding is not None:
+                    rows.append((doc.doc_id, 0, doc.title, doc.text, Jsonb(doc.metadata), np.asarray(doc.embedding, dtype=np.float32)))
+                    continue
+                assert embedder is not None
+                for position, piece in enumerate(
+                    chunk_text(doc.text, embedder.token_spans, source.chunk_size, source.chunk_overlap)
+                ):
+                    to_embed.append(len(rows))
+                    texts.append(_embedding_input(doc.title, piece))
+                    rows.append((doc.doc_id, position, doc.title, piece, Jsonb(doc.metadata), None))
+            if texts:
+                assert embedder is not None
+                started = time.perf_counter()
+                vectors = embedder.embed(texts)
+                report.embed_seconds += time.perf_counter() - started
+                for index, vector in zip(to_embed, vectors, strict=True):
+                    rows[index] = (*rows[index][:5], vector)
+            with conn.transaction():
+                with conn.cursor() as cur:
+                    cur.execute(delete, ([d.doc_id for d in batch],))
+                    report.replaced += len({r[0] for r in cur.fetchall()})
+                    with cur.copy(copy) as writer:
+                        writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
+                        for row in rows:
+                            writer.write_row(row)
+            report.documents += len(batch)
+            report.chunks += len(rows)
+            bar.update(len(batch))
+            bar.set_postfix(chunks=report.chunks)
+    finally:
+        bar.close()
+    return report
+
+
+def ingest(
+    conn: psycopg.Connection[Any],
+    source_name: str,
+    records: Iterable[Located],
+    embedder: Embedder | None,
+    *,
+    mapping: FieldMap | None = None,
+    skip_bad: bool = False,
+    create: bool = True,
+    progress: bool = True,
+    chunk_size: int = 256,
+    chunk_overlap: int = 32,
+) -> IngestReport:
+    """Ingest `records` into the document source `source_name` (created on first use when `create`)."""
+    started = time.perf_counter()
+    mapping = mapping or FieldMap()
+    try:
+        source = get_source(conn, source_name)
+    except AgentDBError:
+        if not create or embedder is None:
+            raise
+        source = create_document_source(
+            conn, source_name, embedding_model=embedder.model_name, embedding_dim=embedder.dim,
+            chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+        )
+    if source.kind != "documents":
+        raise StorageKindMismatch(
+            f"source {source_name!r} is a registered table: write to the table itself; agentdb indexes it",
+            path="source",
+        )
+    documents, new_fields, bad = prepare(records, mapping, source.fields, source.embedding_dim, skip_bad=skip_bad)
+    report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
+    if not documents and not bad:
+        raise InvalidParamValue("no records to ingest", path="files")
+    with conn.transaction():
+        source = add_fields(conn, source, new_fields)
+    write_documents(conn, source, documents, embedder, progress=progress, report=report)
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,328 @@
+-- Retrieval: the dense leg (HNSW, cosine, iterative scan), the lexical leg (exact Okapi BM25 over the
+-- postings) and their Reciprocal Rank Fusion, in ONE dynamic SQL statement. agentdb.retrieve is the one
+-- implementation; agentdb.search, agentdb.similar, the Python API, the CLI and HTTP all go through it.
+
+-- Row expressions of a source table aliased c: document id, chunk position, title, text and metadata.
+create or replace function agentdb.source_row_sql(src agentdb.sources)
+returns table (doc_id text, chunk text, title text, body text, metadata text)
+language plpgsql stable as $$
+declare
+    f jsonb;
+    parts text[] := '{}';
+begin
+    if src.kind = 'documents' then
+        return query select 'c.doc_id'::text, 'c.chunk'::text, 'c.title'::text, 'c.text'::text, 'c.metadata'::text;
+        return;
+    end if;
+    for f in select * from jsonb_array_elements(src.fields) loop
+        parts := parts || format('%L, c.%I', f->>'name', f->>'column');
+    end loop;
+    return query select
+        format('c.%I::text', src.id_column),
+        '0'::text,
+        $q$''::text$q$,
+        format('concat_ws(E''\n'', %s)', (select string_agg(format('c.%I', col), ', ') from unnest(src.text_columns) col)),
+        case when cardinality(parts) = 0 then $q$'{}'::jsonb$q$
+             else format('jsonb_strip_nulls(jsonb_build_object(%s))', array_to_string(parts, ', ')) end;
+end;
+$$;
+
+-- Search one source. Returns {"route", "hits": [...], "diagnostics": {...}}.
+--   mode: 'dense' | 'lexical' | 'hybrid'; dense and hybrid need query_embedding (made with the source's model).
+--   threshold: maximum cosine distance on the dense leg only (0 = no limit); in hybrid it gates dense
+--     candidates before fusion and BM25-only hits pass ungated; inert in lexical mode.
+--   Candidate rule: in hybrid mode (or with group_by_doc) each leg fetches
+--     candidates = coalesce(candidates, greatest(100, 4 * top_k)) rows (at most 4000) before fusion;
+--     otherwise the single leg fetches top_k rows.
+--   filter and row_filter (a principal's) are compiled by agentdb.compile_filter and applied to both legs.
+--   fields: projection of the returned metadata/title/text (null = everything).
+create or replace function agentdb.retrieve(
+    source text,
+    query text default '',
+    query_embedding vector default null,
+    mode text default 'hybrid',
+    top_k int default 10,
+    rrf_k int default 60,
+    threshold float8 default 0.5,
+    filter jsonb default null,
+    model text default null,
+    group_by_doc boolean default false,
+    ef_search int default 100,
+    candidates int default null,
+    row_filter jsonb default null,
+    fields text[] default null,
+    exclude_doc text default null
+) returns jsonb
+language plpgsql
+set hnsw.iterative_scan = 'relaxed_order'
+set hnsw.ef_search = 40
+set hnsw.max_scan_tuples = 100000
+as $$
+declare
+    src agentdb.sources;
+    r record;
+    terms text[];
+    stats agentdb.corpus_stats;
+    pred text;
+    pred_params jsonb;
+    row_pred text;
+    row_params jsonb;
+    use_dense boolean := mode in ('dense', 'hybrid');
+    use_sparse boolean := mode in ('lexical', 'hybrid');
+    cand int;
+    score_sql text;
+    dense_sql text;
+    sparse_sql text;
+    stmt text;
+    result jsonb;
+    diag jsonb;
+    allowed text[];
+    i int;
+    avgdl float8;
+begin
+    select * into src from agentdb.sources s where s.name = retrieve.source;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', retrieve.source),
+                                    'source', 'list the sources with agentdb sources or GET /sources');
+    end if;
+    if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            format('retrieval_mode must be dense, lexical or hybrid, not %L', mode), 'retrieval_mode');
+    end if;
+    if top_k is null or top_k < 1 or top_k > 1000 then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'top_k must be between 1 and 1000', 'top_k');
+    end if;
+    if rrf_k is null or rrf_k < 1 or rrf_k > 1000 then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'rrf_k must be between 1 and 1000', 'rrf_k');
+    end if;
+    if threshold is null or threshold < 0 or threshold > 2 then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            'threshold must be between 0 and 2 (a cosine distance; 0 = no limit)', 'threshold');
+    end if;
+    if ef_search is null or ef_search < 1 or ef_search > 1000 then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'ef_search must be between 1 and 1000', 'ef_search');
+    end if;
+    if candidates is not null and (candidates < 1 or candidates > 4000) then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'candidates must be between 1 and 4000', 'candidates');
+    end if;
+    if model is not null and model <> src.embedding_model then
+        perform agentdb.raise_error(8003, 'StorageContentError',
+            format('source %L was embedded with %L but the query uses %L', src.name, src.embedding_model, model),
+            'embedding_model', 'query with the source''s model, or re-ingest the source with the new model');
+    end if;
+    if use_dense and query_embedding is null and coalesce(btrim(query), '') <> '' then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            format('retrieval_mode %L needs query_embedding (a vector from the source''s model %L)', mode, src.embedding_model),
+            'query_embedding',
+            'pass query_embedding => ..., call agentdb.similar(source, id) to reuse a stored vector, or use mode => ''lexical''');
+    end if;
+    if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
+        perform agentdb.raise_error(8003, 'StorageContentError',
+            format('query_embedding has dimension %s but source %L has dimension %s',
+                   vector_dims(query_embedding), src.name, src.embedding_dim), 'query_embedding');
+    end if;
+
+    -- Projection: only known names.
+    allowed := array['title', 'text'] || array(select f->>'name' from jsonb_array_elements(src.fields) f);
+    if fields is not null then
+        for i in 1 .. coalesce(cardinality(fields), 0) loop
+            if not fields[i] = any(allowed) then
+                perform agentdb.raise_error(3007, 'InvalidParamValue',
+                    format('unknown field %L in the projection; known: %s', fields[i], array_to_string(allowed, ', ')),
+                    format('fields[%s]', i - 1));
+            end if;
+        end loop;
+    end if;
+
+    select * into r from agentdb.source_row_sql(src);
+    select c.predicate, c.params into pred, pred_params
+    from agentdb.compile_filter(src.fields, filter, '$5', r.doc_id, 'filter') c;
+    select c.predicate, c.params into row_pred, row_params
+    from agentdb.compile_filter(src.fields, row_filter, '$6', r.doc_id, 'row_filter') c;
+    if exclude_doc is not null then
+        pred := format('(%s) and %s is distinct from $14', pred, r.doc_id);
+    end if;
+
+    diag := jsonb_build_object(
+        'source', src.name, 'top_k', top_k,
+        'threshold', case when threshold = 0 then to_jsonb('inf'::text) else to_jsonb(threshold) end,
+        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''));
+
+    -- Empty input: nothing to search with.
+    if coalesce(btrim(query), '') = '' and query_embedding is null then
+        return jsonb_build_object('route', 'not_found', 'hits', '[]'::jsonb, 'diagnostics', jsonb_build_object(
+            'parameters', diag || jsonb_build_object('raw_result_count', 0, 'filtered_count', 0, 'result_count', 0)
+                || case when mode = 'dense' then '{}'::jsonb else jsonb_build_object('dense_raw_count', 0,
+                   'dense_filtered_count', 0, 'sparse_raw_count', 0, 'fused_candidate_count', 0) end,
+            'input', '{}'::jsonb, 'output', jsonb_build_object('results', '[]'::jsonb)));
+    end if;
+
+    terms := array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1);
+    select * into stats from agentdb.corpus_stats s where s.source_id = src.id;
+    avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
+    cand := case when mode = 'hybrid' or group_by_doc then least(coalesce(candidates, greatest(100, 4 * top_k)), 4000)
+                 else top_k end;
+    perform set_config('hnsw.ef_search', greatest(ef_search, least(cand, 1000))::text, true);
+
+    if use_dense and query_embedding is not null then
+        dense_sql := format($q$
+            select c.agentdb_chunk_id as cid, (c.agentdb_embedding <=> $1)::float8 as distance
+            from %s c
+            where c.agentdb_embedding is not null and (%s) and (%s)
+            order by c.agentdb_embedding <=> $1
+            limit $3 $q$, format('%I.%I', src.table_schema, src.table_name), pred, row_pred);
+    else
+        dense_sql := 'select null::bigint as cid, null::float8 as distance where false';
+    end if;
+
+    if use_sparse and cardinality(terms) > 0 then
+        sparse_sql := format($q$
+            select p.chunk_id as cid,
+                   sum(ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5))
+                       * p.tf * ($12 + 1) / (p.tf + $12 * (1 - $13 + $13 * p.dl / $11)))::float8 as bm25,
+                   count(*) over () as total
+            from agentdb.postings p
+            join agentdb.term_stats ts on ts.source_id = p.source_id and ts.term = p.term
+            %s
+            where p.source_id = $9 and p.term = any($2) %s
+            group by p.chunk_id
+            order by bm25 desc, p.chunk_id
+            limit $3 $q$,
+            case when pred = 'true' and row_pred = 'true' then ''
+                 else format('join %I.%I c on c.agentdb_chunk_id = p.chunk_id', src.table_schema, src.table_name) end,
+            case when pred = 'true' and row_pred = 'true' then '' else format('and (%s) and (%s)', pred, row_pred) end);
+    else
+        sparse_sql := 'select null::bigint as cid, null::float8 as bm25, 0::bigint as total where false';
+    end if;
+
+    score_sql := case mode when 'dense' then '1 - f.distance' when 'lexical' then 'f.bm25' else 'f.rrf' end;
+
+    stmt := format($q$
+        with dense as materialized (%s),
+        sparse as materialized (%s),
+        d as (select cid, distance, row_number() over (order by distance, cid) as rank_dense
+              from dense where $4 = 0 or distance <= $4),
+        s as (select cid, bm25, row_number() over (order by bm25 desc, cid) as rank_sparse from sparse),
+        f as (select coalesce(d.cid, s.cid) as cid, d.distance, s.bm25, d.rank_dense, s.rank_sparse,
+                     (coalesce(1.0 / ($8 + d.rank_dense), 0) + coalesce(1.0 / ($8 + s.rank_sparse), 0))::float8 as rrf
+              from d full join s on d.cid = s.cid),
+        r as (select f.*, (%s)::float8 as score, %s as doc_id, %s as chunk,
+                     row_number() over (partition by %s order by (%s) desc, %s) as doc_rank
+              from f join %s c on c.agentdb_chunk_id = f.cid),
+        top as (select r.*, row_number() over (order by score desc, doc_id, chunk) as rank
+                from r where not $15 or doc_rank = 1
+                order by score desc, doc_id, chunk limit $7)
+        select jsonb_build_object(
+            'hits', coalesce((
+                select jsonb_agg(jsonb_build_object(
+                    'id', t.doc_id, 'chunk', t.chunk, 'rank', t.rank, 'score', t.score,
+                    'distance', t.distance, 'bm25_score', t.bm25,
+                    'rank_dense', t.rank_dense, 'rank_sparse', t.rank_sparse,
+                    'title', case when $16::text[] is null or 'title' = any($16) then %s end,
+                    'text', case when $16::text[] is null or 'text' = any($16) then %s end,
+                    'metadata', case when $16::text[] is null then %s
+                                     else (select coalesce(jsonb_object_agg(key, value), '{}'::jsonb)
+                                           from jsonb_each(%s) where key = any($16)) end
+                ) order by t.rank)
+                from top t join %s c on c.agentdb_chunk_id = t.cid), '[]'::jsonb),
+            'dense_raw_count', (select count(*) from dense),
+            'dense_kept_count', (select count(*) from d),
+            'sparse_raw_count', coalesce((select max(total) from sparse), 0),
+            'fused_candidate_count', (select count(*) from f))
+        $q$,
+        dense_sql, sparse_sql,
+        score_sql, r.doc_id, r.chunk, r.doc_id, score_sql, r.chunk,
+        format('%I.%I', src.table_schema, src.table_name),
+        r.title, r.body, r.metadata, r.metadata,
+        format('%I.%I', src.table_schema, src.table_name));
+
+    execute stmt into result using
+        query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+        coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields;
+
+    diag := diag || jsonb_build_object(
+        'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int
+                                      when 'lexical' then (result->>'sparse_raw_count')::int
+                                      else (result->>'dense_raw_count')::int + (result->>'sparse_raw_count')::int end,
+        'filtered_count', case when mode = 'lexical' then 0
+                               else (result->>'dense_raw_count')::int - (result->>'dense_kept_count')::int end,
+        'result_count', jsonb_array_length(result->'hits'));
+    if mode <> 'dense' then
+        diag := diag || jsonb_build_object(
+            'dense_raw_count', (result->>'dense_raw_count')::int,
+            'dense_filtered_count', (result->>'dense_raw_count')::int - (result->>'dense_kept_count')::int,
+            'sparse_raw_count', (result->>'sparse_raw_count')::int,
+            'fused_candidate_count', case when mode = 'hybrid' then (result->>'fused_candidate_count')::int else 0 end);
+    end if;
+
+    return jsonb_build_object(
+        'route', case when jsonb_array_length(result->'hits') > 0 then 'found' else 'not_found' end,
+        'hits', result->'hits',
+        'diagnostics', jsonb_build_object(
+            'parameters', diag,
+            'input', jsonb_build_object('query', query),
+            'output', jsonb_build_object('results', coalesce((
+                select jsonb_agg(jsonb_build_object(
+                    'id', h->>'id', 'chunk', (h->>'chunk')::int, 'distance', h->'distance',
+                    'bm25_score', h->'bm25_score', 'rank_dense', h->'rank_dense', 'rank_sparse', h->'rank_sparse',
+                    'text', h->'text') order by (h->>'rank')::int)
+                from jsonb_array_elements(result->'hits') h), '[]'::jsonb))));
+end;
+$$;
+
+-- One row per hit, for analysts: select * from agentdb.search('docs', 'wal archiving', mode => 'lexical').
+create or replace function agentdb.search(
+    source text,
+    query text,
+    query_embedding vector default null,
+    mode text default 'hybrid',
+    top_k int default 10,
+    rrf_k int default 60,
+    threshold float8 default 0.5,
+    filter jsonb default null
+) returns table (
+    id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
+    rank_dense int, rank_sparse int, text text, metadata jsonb
+)
+language sql as $$
+    select h.id, h.chunk, h.rank, h.score, h.distance, h.bm25_score, h.rank_dense, h.rank_sparse, h.text, h.metadata
+    from jsonb_to_recordset(
+        agentdb.retrieve(source, query, query_embedding, mode, top_k, rrf_k, threshold, filter) -> 'hits'
+    ) as h(id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
+           rank_dense int, rank_sparse int, text text, metadata jsonb)
+    order by h.rank;
+$$;
+
+-- Documents similar to a stored one, by its stored vector (chunk 0); needs no model. The document itself
+-- is excluded. (The id parameter is named doc_id: an input cannot share the name of the output column id.)
+create or replace function agentdb.similar(
+    source text, doc_id text, top_k int default 10, filter jsonb default null
+) returns table (
+    id text, chunk int, rank int, score float8, distance float8, text text, metadata jsonb
+)
+language plpgsql as $$
+declare
+    src agentdb.sources;
+    r record;
+    v vector;
+begin
+    select * into src from agentdb.sources s where s.name = $1;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', $1), 'source');
+    end if;
+    select * into r from agentdb.source_row_sql(src);
+    execute format('select c.agentdb_embedding from %I.%I c where %s = $1 and c.agentdb_embedding is not null'
+                   ' order by %s limit 1', src.table_schema, src.table_name, r.doc_id, r.chunk)
+        into v using $2;
+    if v is null then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound',
+            format('source %L has no embedded document %L', src.name, $2), 'id');
+    end if;
+    return query
+    select h.id, h.chunk, h.rank, h.score, h.distance, h.text, h.metadata
+    from jsonb_to_recordset(
+        agentdb.retrieve(src.name, '', v, 'dense', top_k, 60, 0, filter, group_by_doc => true, exclude_doc => $2) -> 'hits'
+    ) as h(id text, chunk int, rank int, score float8, distance float8, text text, metadata jsonb)
+    order by h.rank;
+end;
+$$;

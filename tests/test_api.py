@@ -1,0 +1,67 @@
+"""The HTTP skeleton over the real app and a real database: health, sources, the error envelope, OpenAPI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agentdb.api import create_app
+from agentdb.config import Settings
+from agentdb.db.pool import open_pool
+from agentdb.sources import FieldSpec, create_document_source
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(database_url=db_url))) as test_client:
+        yield test_client
+
+
+def test_healthz_checks_the_database(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["database"].startswith("PostgreSQL 18")
+
+
+def test_sources_lists_registered_sources(client: TestClient, conn: Any) -> None:
+    assert client.get("/sources").json() == []
+    create_document_source(conn, "notes", embedding_model="all-MiniLM-L6-v2", embedding_dim=384,
+                           fields=[FieldSpec(name="year", type="int")])
+    conn.execute("insert into agentdb_docs.notes (doc_id, chunk, text) values ('a', 0, 'x'), ('a', 1, 'y')")
+    [source] = client.get("/sources").json()
+    assert source["name"] == "notes" and source["documents"] == 1 and source["chunks"] == 2
+    assert source["fields"][0]["name"] == "year" and source["table"] == "agentdb_docs.notes"
+
+
+def test_errors_use_the_envelope(client: TestClient) -> None:
+    response = client.get("/sources/nosuch")
+    assert response.status_code == 404
+    assert response.json() == {"error": {
+        "code": 3010, "name": "StorageFileNotFound", "message": "unknown source 'nosuch'", "path": "source",
+        "hint": "list the sources with `agentdb sources`"}}
+    response = client.get("/no/such/route")
+    assert response.status_code == 404 and response.json()["error"]["code"] == 1404
+
+
+def test_exhausted_pool_is_503_with_retry_after(db_url: str) -> None:
+    pool = open_pool(db_url, min_size=1, max_size=1, timeout=0.5)
+    try:
+        with TestClient(create_app(Settings(database_url=db_url), pool=pool)) as test_client:
+            with pool.connection():
+                response = test_client.get("/healthz")
+            assert response.status_code == 503
+            assert response.headers["Retry-After"] == "1"
+            assert response.json()["error"]["name"] == "DatabaseUnavailable"
+            assert test_client.get("/healthz").status_code == 200
+    finally:
+        pool.close()
+
+
+def test_openapi_lists_the_routes(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert {"/healthz", "/sources"} <= set(spec["paths"])
+    assert spec["components"]["schemas"]["ErrorEnvelope"]["properties"]["error"]
