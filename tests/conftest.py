@@ -61,8 +61,9 @@ def db_url(server_url: str, template_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A configured connection (pgvector, orjson) to the test's fresh database, autocommit off."""
-    with psycopg.connect(db_url) as connection:
+    """A configured autocommit connection (pgvector, orjson) to the test's fresh database; agentdb's own
+    `conn.transaction()` blocks are then real transactions, as in the CLI and the API."""
+    with psycopg.connect(db_url, autocommit=True) as connection:
         configure(connection)
         yield connection
 

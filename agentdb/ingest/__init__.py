@@ -1,0 +1,1 @@
+"""Ingestion: readers, chunking, embedding batches and transactional COPY writes."""
