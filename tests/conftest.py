@@ -4,6 +4,7 @@ database, and a fresh database cloned from it for every test that asks for one."
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +24,14 @@ SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A URL of a database on the test server (used as the maintenance connection)."""
+def server_url() -> str:
+    """A URL of a database on the test server (used as the maintenance connection). The embedded server's
+    data directory is a fresh one of this session's own, outside pytest's rotating temp folders (which a
+    concurrent pytest run may delete) and readable by the server's system user."""
     dsn = os.environ.get("AGENTDB_TEST_DSN")
     if dsn:
         return dsn
-    return start_embedded(tmp_path_factory.mktemp("embedded"))
+    return start_embedded(Path(tempfile.mkdtemp(prefix="agentdb-test-")))
 
 
 @pytest.fixture(scope="session")

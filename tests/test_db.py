@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,7 +16,8 @@ from agentdb.db.server import start_embedded
 from agentdb.errors import DatabaseSetupError
 
 
-def test_embedded_server_reuses_its_data_directory(tmp_path: Any) -> None:
+def test_embedded_server_reuses_its_data_directory() -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="agentdb-reuse-"))
     url = start_embedded(tmp_path)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("create table kept (x int)")
