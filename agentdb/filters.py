@@ -35,7 +35,9 @@ def _parse(filter: Any, path_prefix: str) -> Any:
         try:
             return orjson.loads(filter)
         except orjson.JSONDecodeError as exc:
-            raise InvalidParamValue(f"filter.bad_operand: at $: not valid JSON: {exc}", path=path_prefix) from None
+            raise InvalidParamValue(
+                f"filter.bad_operand: at $: not valid JSON: {exc}", path=path_prefix
+            ) from None
     return filter
 
 
@@ -50,8 +52,18 @@ def compile_filter(
         with conn.transaction():
             row = conn.execute(
                 "select predicate, params from agentdb.compile_filter(%s, %s, %s, %s, %s)",
-                (fields, None if value is None else Jsonb(value), params_ref, id_expression(conn, source), path_prefix),
+                (
+                    fields,
+                    None if value is None else Jsonb(value),
+                    params_ref,
+                    id_expression(conn, source),
+                    path_prefix,
+                ),
             ).fetchone()
+    except psycopg.DataError as exc:
+        # The filter is not even valid jsonb for the server (e.g. a \u0000 inside a string).
+        message = f"filter.bad_operand: at $: {exc.diag.message_primary}"
+        raise InvalidParamValue(message, path=path_prefix) from None
     except psycopg.Error as exc:
         error = from_db_error(exc)
         if error is None:
@@ -61,6 +73,8 @@ def compile_filter(
     return str(row[0]), list(row[1])
 
 
-def validate_filter(conn: psycopg.Connection[Any], source: Source, filter: Any, path_prefix: str = "filter") -> None:
+def validate_filter(
+    conn: psycopg.Connection[Any], source: Source, filter: Any, path_prefix: str = "filter"
+) -> None:
     """Raise InvalidParamValue (3007) with the JSON path of the problem when `filter` does not compile."""
     compile_filter(conn, source, filter, _VALIDATION_REF, path_prefix)

@@ -14,6 +14,8 @@
 -- never missing (the default stands in). Every leaf compiles to a two-valued expression (wrapped in
 -- coalesce(..., false), or `expr and x is not null` where an index must stay usable), so `not`,
 -- `$not` and `must_not` of a comparison on a missing field are TRUE, while `$ne`/`$nin` on it are FALSE.
+-- Strings order by code point; timestamps compare as instants (filter values without an offset are UTC;
+-- stored ones are read in the session's time zone, so store them with an offset).
 
 -- Raise 3007 InvalidParamValue with the message `filter.<kind>: at <path>: <detail>`; the error's path is
 -- the caller's prefix joined to the path inside the filter (`$` and the bare prefix at the root).
@@ -228,9 +230,12 @@ begin
 end;
 $$;
 
--- Parse any filter node: detects its syntax (Tryll op node, query object, or operator object).
--- An object with `op` is a Tryll node; one with a query key that is not also a field name is a query
--- object; anything else is an operator object (so a field may be named like a query key).
+-- Parse any filter node: detects its syntax (Tryll op node, query object, or operator object), per
+-- object, so the syntaxes may also be nested inside each other. An object with `op` is a Tryll node;
+-- one with a query key that is not also a field name is a query object (so a stray key in a query is
+-- reported as such); anything else is an operator object, so a field may be named like a query key.
+-- Depth counts nested nodes (the root is 1; in operator objects, each field condition and each
+-- field-level $not is a node too).
 create or replace function agentdb.filter_parse(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
 ) language plpgsql stable as $$
@@ -753,9 +758,13 @@ end;
 $$;
 
 -- Compile one leaf to SQL, appending its values to `params`. Metadata fields (no column) are read from
--- c.metadata; equality and $in on them compile to `c.metadata @> ...`, which the GIN jsonb_path_ops
--- index serves. The containment form is used only when a row lacking the key cannot match (no default,
--- or the default is not among the values), so that it agrees with the default-aware comparison.
+-- c.metadata; equality and $in on them compile to `c.metadata @> ...` (or `@> any (...)`), which the GIN
+-- jsonb_path_ops index serves (EXPLAIN shows a Bitmap Index Scan once the index's pending list has been
+-- flushed by VACUUM; right after a bulk insert the planner may prefer a seq scan). Containment compares
+-- numbers numerically (3 = 3.0), and it is not wrapped in coalesce: c.metadata is NOT NULL in document
+-- tables, so it is already two-valued, and coalesce() would hide it from the index. It is used only when
+-- a row lacking the key cannot match (no default, or the default is not among the values), so it agrees
+-- with the default-aware comparison. Every other metadata leaf is coalesce(<typed test>, false).
 -- Column fields compare c.<column>; `x op v and x is not null` keeps them two-valued and indexable.
 create or replace function agentdb.filter_leaf_sql(
     ctx jsonb, ast jsonb, params_ref text, inout params jsonb, out pred text
