@@ -1,4 +1,4 @@
-"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, db-url, demo."""
+"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, principal, db-url, demo."""
 
 from __future__ import annotations
 
@@ -193,6 +193,54 @@ def cmd_check(args: argparse.Namespace) -> None:
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
 
 
+def _names(text: str | None) -> list[str] | None:
+    """A comma-separated list of names; None when the option is absent, [] when it is empty."""
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_principal_create(args: argparse.Namespace) -> None:
+    from agentdb.auth import create_principal
+
+    with _connect(args) as conn:
+        principal, key = create_principal(
+            conn, args.name, tables=_names(args.tables) or [], row_filter=_json_arg(args.row_filter, "row_filter"),
+            fields=_names(args.fields), tools=_names(args.tools) or [],
+        )
+    fields = "all fields" if principal.fields is None else "fields " + (", ".join(principal.fields) or "(none)")
+    print(f"created principal {principal.name}: tables {', '.join(principal.tables) or '(none)'}; {fields}; "
+          f"tools {', '.join(sorted(principal.tools))}; database role {principal.role}", file=sys.stderr)
+    print("its API key follows; it is shown only this once (send it as `Authorization: Bearer <key>`):",
+          file=sys.stderr)
+    print(key)
+
+
+def cmd_principal_list(args: argparse.Namespace) -> None:
+    from agentdb.auth import list_principals
+
+    with _connect(args) as conn:
+        found = list_principals(conn)
+    if args.json:
+        print(orjson.dumps([{**p.__dict__, "tools": sorted(p.tools)} for p in found]).decode())
+        return
+    if not found:
+        print("no principals yet: `agentdb principal create NAME --tables ...` adds one")
+        return
+    print(f"{'name':20} {'tables':24} {'fields':20} {'tools':28} row filter")
+    for p in found:
+        fields = "(all)" if p.fields is None else ",".join(p.fields) or "(none)"
+        row_filter = "(none)" if p.row_filter is None else orjson.dumps(p.row_filter).decode()
+        print(f"{p.name:20} {','.join(p.tables) or '(none)':24} {fields:20} {','.join(sorted(p.tools)):28} "
+              f"{row_filter}")
+
+
+def cmd_principal_delete(args: argparse.Namespace) -> None:
+    from agentdb.auth import delete_principal
+
+    with _connect(args) as conn:
+        delete_principal(conn, args.name)
+    print(f"deleted principal {args.name}: its key no longer works")
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -298,6 +346,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("check", cmd_check, "verify that postings and statistics match the documents")
     p.add_argument("source")
     p.add_argument("--repair", action="store_true", help="rebuild the lexical index when it does not match")
+
+    help_text = "manage principals: API keys with their sources, row filter, fields and tools"
+    p = sub.add_parser("principal", help=help_text, description=help_text)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        q = actions.add_parser(name, help=help_text, description=help_text)
+        _add_common(q)
+        q.set_defaults(func=func)
+        return q
+
+    q = action("create", cmd_principal_create, "create a principal and print its API key (shown only once)")
+    q.add_argument("name")
+    q.add_argument("--tables", help="comma-separated sources it may read, e.g. docs,faq")
+    q.add_argument("--row-filter", help='a filter ANDed into every read, e.g. \'{"tenant": "acme"}\'')
+    q.add_argument("--fields", help="comma-separated fields it may see (title, text, metadata fields); "
+                   "default all")
+    q.add_argument("--tools", default="search", help="comma-separated: search, tree_search, graph_search, memory "
+                   "(default search)")
+    q = action("list", cmd_principal_list, "list the principals (keys are never shown)")
+    q.add_argument("--json", action="store_true")
+    q = action("delete", cmd_principal_delete, "delete a principal; its key stops working at once")
+    q.add_argument("name")
     return parser
 
 

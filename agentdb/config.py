@@ -21,6 +21,7 @@ class Settings:
     pool_min_size: int = 1
     pool_max_size: int = 10
     statement_timeout_ms: int = 30_000
+    max_body_bytes: int = 32 * 1024 * 1024
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
 
@@ -35,6 +36,7 @@ class Settings:
             port=int(env.get("AGENTDB_PORT", "8080")),
             embedding_model=env.get("AGENTDB_MODEL", DEFAULT_MODEL),
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
+            max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
         )

@@ -35,6 +35,26 @@ class AgentDBError(Exception):
         return f"{self.name} {self.code}: {self.message}{where}{hint}"
 
 
+class Unauthorized(AgentDBError):
+    """No API key, or a key that matches no principal."""
+
+    code, name, http_status = 1401, "Unauthorized", 401
+
+
+class Forbidden(AgentDBError):
+    """The principal may not read this table or field, or use this tool."""
+
+    code, name, http_status = 1403, "Forbidden", 403
+
+
+class Conflict(AgentDBError):
+    code, name, http_status = 1409, "Conflict", 409
+
+
+class PayloadTooLarge(AgentDBError):
+    code, name, http_status = 1413, "PayloadTooLarge", 413
+
+
 class InvalidAgentId(AgentDBError):
     code, name, http_status = 3001, "InvalidAgentId", 404
 
@@ -89,9 +109,19 @@ class DatabaseSetupError(AgentDBError):
     code, name, http_status = 9002, "DatabaseSetupError", 503
 
 
+class StatementTimeout(AgentDBError):
+    """A statement ran past the configured statement timeout and was cancelled."""
+
+    code, name, http_status = 9003, "StatementTimeout", 400
+
+
 ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {
     cls.code: cls
     for cls in (
+        Unauthorized,
+        Forbidden,
+        Conflict,
+        PayloadTooLarge,
         InvalidAgentId,
         GraphCompilationFailed,
         AgentBusy,
@@ -104,12 +134,19 @@ ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {
         StorageContentError,
         DatabaseUnavailable,
         DatabaseSetupError,
+        StatementTimeout,
     )
 }
 
 
 def from_db_error(exc: Exception) -> AgentDBError | None:
-    """Translate an error raised by an agentdb stored function into the matching AgentDBError."""
+    """Translate an error raised by an agentdb stored function (or a cancelled statement) into the
+    matching AgentDBError; None for anything else."""
+    if getattr(exc, "sqlstate", None) == "57014":  # query_canceled: the statement timeout fired
+        return StatementTimeout(
+            "the query ran past the statement timeout and was cancelled",
+            hint="narrow the query (filter, smaller limit) or raise AGENTDB_STATEMENT_TIMEOUT_MS",
+        )
     diag = getattr(exc, "diag", None)
     if diag is None or getattr(exc, "sqlstate", None) != DB_ERROR_SQLSTATE:
         return None

@@ -51,7 +51,9 @@ create or replace function agentdb.retrieve(
     candidates int default null,
     row_filter jsonb default null,
     fields text[] default null,
-    exclude_doc text default null
+    exclude_doc text default null,
+    filter_query jsonb default null,
+    exclusion_query jsonb default null
 ) returns jsonb
 language plpgsql
 set hnsw.iterative_scan = 'relaxed_order'
@@ -67,6 +69,10 @@ declare
     pred_params jsonb;
     row_pred text;
     row_params jsonb;
+    fq_pred text;
+    fq_params jsonb;
+    ex_pred text;
+    ex_params jsonb;
     use_dense boolean := mode in ('dense', 'hybrid');
     use_sparse boolean := mode in ('lexical', 'hybrid');
     cand int;
@@ -79,6 +85,7 @@ declare
     allowed text[];
     i int;
     avgdl float8;
+    unfiltered boolean;
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
@@ -139,6 +146,19 @@ begin
     from agentdb.compile_filter(src.fields, filter, '$5', r.doc_id, 'filter') c;
     select c.predicate, c.params into row_pred, row_params
     from agentdb.compile_filter(src.fields, row_filter, '$6', r.doc_id, 'row_filter') c;
+    -- filter_query must match and exclusion_query must not (seed 002 query objects); ANDed with filter.
+    select c.predicate, c.params into fq_pred, fq_params
+    from agentdb.compile_filter(src.fields, filter_query, '$17', r.doc_id, 'filter_query') c;
+    select c.predicate, c.params into ex_pred, ex_params
+    from agentdb.compile_filter(src.fields, exclusion_query, '$18', r.doc_id, 'exclusion_query') c;
+    if fq_pred <> 'true' then
+        pred := format('(%s) and (%s)', pred, fq_pred);
+    end if;
+    if exclusion_query is not null and ex_pred <> 'true' then
+        pred := format('(%s) and not (%s)', pred, ex_pred);
+    elsif exclusion_query is not null and exclusion_query <> '{}'::jsonb and exclusion_query <> 'null'::jsonb then
+        pred := 'false';  -- excluding everything (e.g. match_all) leaves nothing
+    end if;
     if exclude_doc is not null then
         pred := format('(%s) and %s is distinct from $14', pred, r.doc_id);
     end if;
@@ -146,7 +166,9 @@ begin
     diag := jsonb_build_object(
         'source', src.name, 'top_k', top_k,
         'threshold', case when threshold = 0 then to_jsonb('inf'::text) else to_jsonb(threshold) end,
-        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''));
+        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''))
+        || case when filter_query is null then '{}'::jsonb else jsonb_build_object('filter_query', filter_query) end
+        || case when exclusion_query is null then '{}'::jsonb else jsonb_build_object('exclusion_query', exclusion_query) end;
 
     -- Empty input: nothing to search with.
     if coalesce(btrim(query), '') = '' and query_embedding is null then
@@ -175,6 +197,10 @@ begin
         dense_sql := 'select null::bigint as cid, null::float8 as distance where false';
     end if;
 
+    -- The lexical leg may skip the join to the source table only when no row can be hidden from it: no
+    -- filter, and no row-level security in force for the current role (a principal's reads).
+    unfiltered := pred = 'true' and row_pred = 'true'
+        and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass);
     if use_sparse and cardinality(terms) > 0 then
         sparse_sql := format($q$
             select p.chunk_id as cid,
@@ -188,9 +214,9 @@ begin
             group by p.chunk_id
             order by bm25 desc, p.chunk_id
             limit $3 $q$,
-            case when pred = 'true' and row_pred = 'true' then ''
+            case when unfiltered then ''
                  else format('join %I.%I c on c.agentdb_chunk_id = p.chunk_id', src.table_schema, src.table_name) end,
-            case when pred = 'true' and row_pred = 'true' then '' else format('and (%s) and (%s)', pred, row_pred) end);
+            case when unfiltered then '' else format('and (%s) and (%s)', pred, row_pred) end);
     else
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25, 0::bigint as total where false';
     end if;
@@ -238,7 +264,8 @@ begin
 
     execute stmt into result using
         query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
-        coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields;
+        coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+        fq_params, ex_params;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int

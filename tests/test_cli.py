@@ -46,7 +46,7 @@ def corpus(tmp_path: Path) -> Path:
 def test_every_command_has_help() -> None:
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(commands) == {"serve", "demo", "migrate", "db-url", "sources", "ingest", "register", "search", "eval", "check"}
+    assert set(commands) == {"serve", "demo", "migrate", "db-url", "sources", "ingest", "register", "search", "eval", "check", "principal"}
     for name in commands:
         result = subprocess.run([*AGENTDB, name, "--help"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "usage: agentdb " + name in result.stdout

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
+from conftest import TEMPLATE, scifact_path
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -24,8 +25,6 @@ from agentdb.evaluation import evaluate, load_qrels, load_queries
 from agentdb.ingest.pipeline import ingest
 from agentdb.ingest.readers import Located, read_records
 from agentdb.retrieval import retrieve
-
-from conftest import TEMPLATE, scifact_path
 
 SOURCE = "scifact"
 
@@ -129,7 +128,7 @@ def test_bm25_equals_an_independent_reference(scifact: Any, judged: Any) -> None
 def test_hnsw_recall_against_exact_search(scifact: Any, judged: Any) -> None:
     rows = scifact.execute("select doc_id, chunk, agentdb_embedding from agentdb_docs.scifact").fetchall()
     keys = [(d, c) for d, c, _ in rows]
-    matrix = np.stack([np.asarray(v, dtype=np.float32) for _, _, v in rows])
+    matrix = np.stack([v.to_numpy() for _, _, v in rows]).astype(np.float32)
     vectors = list(judged[2].values())[:100]
     found = 0
     for vector in vectors:

@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg import sql
+from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentdb import __version__
+from agentdb.agent import read_scope
+from agentdb.api import agents, documents, retrieval
+from agentdb.api.deps import connection, principal
+from agentdb.auth import Principal, any_principals, check_table
 from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import open_pool
-from agentdb.errors import AgentDBError, DatabaseUnavailable, InvalidParamValue
+from agentdb.errors import (
+    AgentDBError,
+    DatabaseSetupError,
+    DatabaseUnavailable,
+    InvalidParamValue,
+    PayloadTooLarge,
+    from_db_error,
+)
 from agentdb.sources import FieldSpec, Source, get_source, list_sources
 
 log = logging.getLogger(__name__)
@@ -65,7 +76,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _json_path(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # The first element names where the value came from (body, query string, path, header).
+    parts = [str(p) for p in (loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)]
     out = ""
     for part in parts:
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
@@ -79,11 +91,13 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_pool = pool is None
+        app.state.settings = settings
         app.state.pool = pool or open_pool(
             resolve_url(settings), min_size=settings.pool_min_size, max_size=settings.pool_max_size
         )
         with app.state.pool.connection() as conn:
             migrate(conn)
+            guard_open_access(settings.host, any_principals(conn))
         try:
             yield
         finally:
@@ -97,16 +111,6 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
     )
-
-    def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
-        try:
-            with request.app.state.pool.connection() as conn:
-                conn.execute("select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),))
-                yield conn
-        except PoolTimeout as exc:
-            raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(f"the database is unavailable: {exc}") from exc
 
     @app.exception_handler(AgentDBError)
     async def agentdb_error(request: Request, exc: AgentDBError) -> Response:
@@ -124,6 +128,17 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         body = {"code": 1000 + exc.status_code, "name": "HTTPError", "message": str(exc.detail), "path": request.url.path}
         return envelope(body, exc.status_code, dict(exc.headers or {}))
 
+    @app.exception_handler(psycopg.Error)
+    async def database_error(request: Request, exc: psycopg.Error) -> Response:
+        mapped = from_db_error(exc)
+        if mapped is None and isinstance(exc, psycopg.OperationalError):
+            mapped = DatabaseUnavailable("the database is unavailable; retry shortly")
+        if mapped is None:
+            log.error("database error on %s %s: %s", request.method, request.url.path, exc)
+            return envelope({"code": 1500, "name": "InternalError", "message": "internal error; see the server log",
+                             "path": None}, 500)
+        return await agentdb_error(request, mapped)
+
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
@@ -136,14 +151,58 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         return Health(status="ok", database=f"PostgreSQL {row[0] if row else '?'}", version=__version__)
 
     @app.get("/sources/{name}", response_model=SourceOut)
-    def source(name: str, conn: psycopg.Connection[Any] = Depends(connection)) -> SourceOut:  # noqa: B008
-        return source_out(conn, get_source(conn, name))
+    def source(
+        name: str,
+        conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+        caller: Principal | None = Depends(principal),  # noqa: B008
+    ) -> SourceOut:
+        if caller is not None:
+            check_table(caller, name, path="name")
+        found = get_source(conn, name)
+        with read_scope(conn, caller):  # counts under the caller's row security
+            return source_out(conn, found)
 
     @app.get("/sources", response_model=list[SourceOut])
-    def sources(conn: psycopg.Connection[Any] = Depends(connection)) -> list[SourceOut]:  # noqa: B008
-        return [source_out(conn, s) for s in list_sources(conn)]
+    def sources(
+        conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+        caller: Principal | None = Depends(principal),  # noqa: B008
+    ) -> list[SourceOut]:
+        visible = [s for s in list_sources(conn) if caller is None or s.name in caller.tables]
+        with read_scope(conn, caller):
+            return [source_out(conn, s) for s in visible]
 
+    @app.middleware("http")
+    async def limit_body_size(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            error = PayloadTooLarge(
+                f"request body of {length} bytes is over the limit of {settings.max_body_bytes}", path="body"
+            )
+            return envelope(error.to_dict(), 413)
+        response: Response = await call_next(request)
+        return response
+
+    app.include_router(retrieval.router)
+    app.include_router(agents.router)
+    app.include_router(documents.router)
     return app
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def guard_open_access(host: str, has_principals: bool) -> None:
+    """Without principals every request is allowed, which is only acceptable on a loopback bind."""
+    if has_principals:
+        log.info("API keys required: principals are defined")
+        return
+    if host in LOOPBACK or host.startswith("127."):
+        log.warning("no principals defined: every request is allowed (local development on %s)", host)
+        return
+    raise DatabaseSetupError(
+        f"refusing to serve on {host} without principals: anyone could read every source",
+        hint="create one with `agentdb principal create NAME --tables ...`, or bind 127.0.0.1",
+    )
 
 
 def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:

@@ -68,6 +68,9 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                     (migration.version, migration.name),
                 )
             applied.append(migration.version)
+        # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's
+        # parameters to be known when the caller is not a superuser.
+        conn.execute("select '[1]'::vector")
         with conn.transaction():
             for path in sorted(FUNCTIONS_DIR.glob("*.sql")):
                 conn.execute(path.read_text())

@@ -18,6 +18,7 @@ def embed_missing(
 ) -> int:
     """Embed every row whose `agentdb_embedding` is null; returns how many rows were filled."""
     check_model(source.embedding_model, embedder.model_name, source.name)
+    text: sql.Composable
     if source.kind == "documents":
         text = sql.SQL("concat_ws(E'\\n', nullif(title, ''), text)")
     else:

@@ -39,10 +39,14 @@ class Result:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
+def _jsonb(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
 def run_sql(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     """Execute a statement, translating agentdb's database errors into AgentDBError."""
     try:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(query, params).fetchall()
     except psycopg.Error as exc:
         mapped = from_db_error(exc)
         if mapped is None:
@@ -67,6 +71,8 @@ def retrieve(
     candidates: int | None = None,
     row_filter: dict[str, Any] | None = None,
     fields: list[str] | None = None,
+    filter_query: dict[str, Any] | None = None,
+    exclusion_query: dict[str, Any] | None = None,
 ) -> Result:
     """Search `source`; dense and hybrid modes embed `query` with the source's model unless a vector is given."""
     if mode not in ("dense", "lexical", "hybrid"):
@@ -82,12 +88,13 @@ def retrieve(
         conn,
         "select agentdb.retrieve(%(source)s, %(query)s, %(embedding)s, %(mode)s, %(top_k)s, %(rrf_k)s,"
         " %(threshold)s, %(filter)s, %(model)s, %(group_by_doc)s, %(ef_search)s, %(candidates)s,"
-        " %(row_filter)s, %(fields)s)",
+        " %(row_filter)s, %(fields)s, null, %(filter_query)s, %(exclusion_query)s)",
         {
             "source": source, "query": query, "embedding": vector, "mode": mode, "top_k": top_k,
-            "rrf_k": rrf_k, "threshold": threshold, "filter": None if filter is None else Jsonb(filter),
+            "rrf_k": rrf_k, "threshold": threshold, "filter": _jsonb(filter),
             "model": model, "group_by_doc": group_by_doc, "ef_search": ef_search, "candidates": candidates,
-            "row_filter": None if row_filter is None else Jsonb(row_filter), "fields": fields,
+            "row_filter": _jsonb(row_filter), "fields": fields,
+            "filter_query": _jsonb(filter_query), "exclusion_query": _jsonb(exclusion_query),
         },
     )
     payload = rows[0][0]

@@ -1,0 +1,60 @@
+"""POST /agents/retrieval: the retrieval agent, as JSON or as server-sent events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import psycopg
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from psycopg_pool import ConnectionPool
+
+from agentdb import agent
+from agentdb.api.deps import connection, principal
+from agentdb.auth import Principal
+from agentdb.errors import AgentDBError
+
+router = APIRouter(tags=["retrieval"])
+
+
+def sse(kind: str, payload: Any) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _stream(pool: ConnectionPool, request: agent.RetrievalRequest, caller: Principal | None) -> Iterator[bytes]:
+    """Events as SSE on a connection of the stream's own (the request's is released when the handler
+    returns); an error becomes an `error` event, and `done` always comes last."""
+    try:
+        with pool.connection() as conn:
+            for kind, payload in agent.run(conn, request, caller):
+                yield sse(kind, payload)
+    except AgentDBError as exc:
+        yield sse("error", {"error": exc.to_dict()})
+        yield sse("done", {"status": "failed", "route": "not_found"})
+    except Exception:  # the envelope never carries a traceback; the log does
+        import logging
+
+        logging.getLogger(__name__).exception("retrieval stream failed")
+        yield sse("error", {"error": {"code": 1500, "name": "InternalError", "message": "internal error", "path": None}})
+        yield sse("done", {"status": "failed", "route": "not_found"})
+
+
+@router.post(
+    "/agents/retrieval",
+    response_model=agent.RetrievalResponse,
+    response_model_exclude_none=False,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream is true"}},
+)
+def retrieval(
+    request: agent.RetrievalRequest,
+    http: Request,
+    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+    caller: Principal | None = Depends(principal),  # noqa: B008
+) -> Any:
+    """Run the queries (pipeline mode), merge their hits by RRF, and answer as JSON or as an event stream."""
+    if not request.stream:
+        return agent.respond(agent.run(conn, request, caller))
+    agent.validate(conn, request, caller)  # permission and input errors are a plain 4xx, before streaming
+    return StreamingResponse(_stream(http.app.state.pool, request, caller), media_type="text/event-stream")
