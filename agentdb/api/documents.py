@@ -8,13 +8,16 @@ import orjson
 import psycopg
 from fastapi import APIRouter, Depends, Request
 from psycopg import sql
+from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from agentdb.agent import read_scope
 from agentdb.api.deps import connection, principal
-from agentdb.auth import Principal, check_table, check_tool
+from agentdb.auth import Principal, check_fields, check_table, check_tool
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, StorageFileNotFound, StorageKindMismatch
+from agentdb.filters import compile_filter
 from agentdb.ingest.pipeline import ingest
 from agentdb.ingest.readers import Located
 from agentdb.sources import get_source
@@ -77,6 +80,57 @@ async def add_documents(
     return IngestOut(
         documents=report.documents, chunks=report.chunks, replaced=report.replaced,
         skipped=[str(b) for b in report.skipped], new_fields=report.new_fields,
+    )
+
+
+class DocumentOut(BaseModel):
+    id: str
+    title: str | None
+    chunks: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+
+@router.get("/sources/{name}/documents/{doc_id}", response_model=DocumentOut)
+def get_document(
+    name: str,
+    doc_id: str,
+    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+    caller: Principal | None = Depends(principal),  # noqa: B008
+) -> DocumentOut:
+    """A document's chunks in order, under the caller's row security and field grant (404 when not visible)."""
+    fields = None
+    if caller is not None:
+        check_tool(caller, "search")
+        check_table(caller, name, path="source")
+        fields = check_fields(caller, None, path="fields")
+    source = get_source(conn, name)
+    # The row expressions (document id, chunk, title, text, metadata) of this kind of source, built by
+    # agentdb.source_row_sql from the catalog with quoted identifiers.
+    shape = conn.execute(
+        "select r.* from agentdb.sources s, agentdb.source_row_sql(s) r where s.name = %s", (name,)
+    ).fetchone()
+    assert shape is not None
+    doc_id_sql, chunk_sql, title_sql, body_sql, metadata_sql = (sql.SQL(part) for part in shape)
+    row_filter = caller.row_filter if caller else None
+    predicate, params = compile_filter(conn, source, row_filter, "%(row_params)s::jsonb", "row_filter")
+    query = sql.SQL(
+        "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
+        " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
+    ).format(doc=doc_id_sql, chunk=chunk_sql, title=title_sql, body=body_sql, meta=metadata_sql,
+             table=source.table, predicate=sql.SQL(predicate))  # type: ignore[arg-type]
+    with read_scope(conn, caller):
+        rows = conn.execute(query, {"doc_id": doc_id, "row_params": Jsonb(params)}).fetchall()
+    if not rows:
+        raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
+    metadata = rows[0][4] or {}
+    if fields is not None:
+        metadata = {k: v for k, v in metadata.items() if k in fields}
+    show_text = fields is None or "text" in fields
+    return DocumentOut(
+        id=rows[0][0],
+        title=rows[0][2] if fields is None or "title" in fields else None,
+        chunks=[{"chunk": r[1], "text": r[3] if show_text else None} for r in rows],
+        metadata=metadata,
     )
 
 
