@@ -2,6 +2,20 @@
 -- postings) and their Reciprocal Rank Fusion, in ONE dynamic SQL statement. agentdb.retrieve is the one
 -- implementation; agentdb.search, agentdb.similar, the Python API, the CLI and HTTP all go through it.
 
+-- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
+-- would leave an older overload behind and make calls ambiguous.
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.proname in ('retrieve', 'search', 'similar')
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
+
 -- Row expressions of a source table aliased c: document id, chunk position, title, text and metadata.
 create or replace function agentdb.source_row_sql(src agentdb.sources)
 returns table (doc_id text, chunk text, title text, body text, metadata text)
@@ -204,13 +218,13 @@ begin
     if use_sparse and cardinality(terms) > 0 then
         sparse_sql := format($q$
             select p.chunk_id as cid,
-                   sum(ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5))
-                       * p.tf * ($12 + 1) / (p.tf + $12 * (1 - $13 + $13 * p.dl / $11)))::float8 as bm25,
+                   sum(idf.w * p.tf * ($12 + 1) / (p.tf + $12 * (1 - $13 + $13 * p.dl / $11)))::float8 as bm25,
                    count(*) over () as total
-            from agentdb.postings p
-            join agentdb.term_stats ts on ts.source_id = p.source_id and ts.term = p.term
+            from (select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) as w
+                  from agentdb.term_stats ts where ts.source_id = $9 and ts.term = any($2)) idf
+            join agentdb.postings p on p.source_id = $9 and p.term = idf.term
             %s
-            where p.source_id = $9 and p.term = any($2) %s
+            where true %s
             group by p.chunk_id
             order by bm25 desc, p.chunk_id
             limit $3 $q$,
