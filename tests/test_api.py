@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
@@ -65,3 +66,22 @@ def test_openapi_lists_the_routes(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert {"/healthz", "/sources"} <= set(spec["paths"])
     assert spec["components"]["schemas"]["ErrorEnvelope"]["properties"]["error"]
+
+
+def test_a_fresh_database_is_migrated_and_writable(server_url: str, embedder: Any) -> None:
+    """The pool's connections must know the vector type even when the first migration creates it."""
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    name = f"agentdb_test_fresh_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    try:
+        with TestClient(create_app(Settings(database_url=make_conninfo(server_url, dbname=name)))) as client:
+            response = client.post("/sources/notes/documents", json=[{"_id": "a", "text": "vector types work"}])
+            assert response.status_code == 200 and response.json()["chunks"] == 1
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))

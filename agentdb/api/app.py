@@ -92,11 +92,18 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_pool = pool is None
         app.state.settings = settings
-        app.state.pool = pool or open_pool(
-            resolve_url(settings), min_size=settings.pool_min_size, max_size=settings.pool_max_size
-        )
+        if pool is None:
+            url = resolve_url(settings)
+            # Migrate before the pool opens: its connections register the vector type, which the first
+            # migration creates.
+            with psycopg.connect(url) as conn:
+                migrate(conn)
+            app.state.pool = open_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+        else:
+            app.state.pool = pool
+            with pool.connection() as conn:
+                migrate(conn)
         with app.state.pool.connection() as conn:
-            migrate(conn)
             guard_open_access(settings.host, any_principals(conn))
         try:
             yield
