@@ -166,3 +166,31 @@ def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
         assert kinds and {k for (k,) in kinds} == {"sect2"}
         similar = conn.execute("select id, distance from agentdb.similar('pgdocs', 'continuous-archiving.html', 5)").fetchall()
         assert len(similar) == 5 and all(r[0] != "continuous-archiving.html" for r in similar)
+
+    # The README's HTTP example and principal command, against the same demo database.
+    from fastapi.testclient import TestClient
+
+    from agentdb.api import create_app
+    from agentdb.config import Settings
+
+    readme_request = {
+        "query": "how do I set up WAL archiving?",
+        "queries": [{"table": "pgdocs", "semantic_search": "set up WAL archiving",
+                     "full_text_search": "archive_command wal archiving", "limit": 5,
+                     "filter_query": {"term": "sect2", "field": "kind"}, "fields": ["title", "section"]}],
+        "diagnostics": True,
+    }
+    with TestClient(create_app(Settings(database_url=db_url))) as client:
+        body = client.post("/agents/retrieval", json=readme_request).json()
+        assert body["route"] == "found" and len(body["hits"]) == 5
+        assert all(set(h["_source"]) <= {"title", "section"} for h in body["hits"])
+        assert any("archiv" in h["_source"]["title"].lower() for h in body["hits"])
+    created = run(["principal", "create", "ops", "--tables", "pgdocs", "--row-filter", '{"kind": {"$ne": "page"}}',
+                   "--fields", "title,text,kind", "--tools", "search"], db_url)
+    key = created.stdout.strip()
+    with TestClient(create_app(Settings(database_url=db_url))) as client:
+        assert client.post("/agents/retrieval", json=readme_request).status_code == 401
+        request = {"query": "wal", "queries": [{"table": "pgdocs", "full_text_search": "wal archiving", "limit": 20,
+                                                "fields": ["title", "kind"]}]}
+        hits = client.post("/agents/retrieval", json=request, headers={"Authorization": f"Bearer {key}"}).json()["hits"]
+        assert hits and all(h["_source"]["kind"] != "page" for h in hits)
