@@ -47,7 +47,7 @@ class MiniLMEmbedder:
         self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         self._tokenizer = self._model.tokenizer
         self._lock = threading.Lock()
-        self.max_tokens = int(self._model.max_seq_length)
+        self.max_tokens = int(self._model.max_seq_length or 256)
 
     def embed(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
         if not texts:
@@ -60,7 +60,10 @@ class MiniLMEmbedder:
         return np.asarray(vectors, dtype=np.float32)
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
-        encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        # The fast tokenizer keeps its padding/truncation settings per call: a concurrent `embed` would
+        # see them changed under it ("Unable to create tensor"), so the tokenizer shares the model's lock.
+        with self._lock:
+            encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         return [(int(a), int(b)) for a, b in encoded["offset_mapping"]]
 
 

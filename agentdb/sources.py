@@ -172,7 +172,7 @@ def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
         "create trigger agentdb_lex_truncate after truncate on {table}"
         " for each statement execute function agentdb.lexical_truncate({src})",
     ):
-        conn.execute(sql.SQL(statement).format(table=table, src=src))  # type: ignore[arg-type]
+        conn.execute(sql.SQL(statement).format(table=table, src=src))
 
 
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
@@ -284,12 +284,14 @@ def _field_type(column_type: Any) -> FieldType | None:
 
 def reflect_columns(url: str, schema: str, table: str) -> list[dict[str, Any]]:
     """The table's columns as SQLAlchemy reflects them (name, type, nullable)."""
+    import pgvector.sqlalchemy  # noqa: F401 - teaches the reflection the vector types (no "did not recognize")
+
     engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=sa.NullPool)
     try:
         inspector = sa.inspect(engine)
         if not inspector.has_table(table, schema=schema):
             raise StorageFileNotFound(f"table {schema}.{table} does not exist", path="table")
-        return list(inspector.get_columns(table, schema=schema))
+        return [dict(c) for c in inspector.get_columns(table, schema=schema)]
     finally:
         engine.dispose()
 
@@ -315,6 +317,11 @@ def register_table(
     """
     check_source_name(name)
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
+    if "agentdb_tsv" in columns:
+        raise StorageKindMismatch(
+            f"table {schema}.{table} is already registered (it has agentdb's columns)", path="table",
+            hint="drop the source that registered it first",
+        )
     for path, column in [("id_column", id_column)] + [(f"text_columns[{i}]", c) for i, c in enumerate(text_columns)]:
         if column not in columns:
             raise InvalidParamValue(f"table {schema}.{table} has no column {column!r}", path=path)
@@ -324,10 +331,10 @@ def register_table(
     if not text_columns:
         raise InvalidParamValue("at least one text column is needed", path="text_columns")
     fields = []
-    for column_name, column in columns.items():
+    for column_name, reflected in columns.items():
         if column_name in (id_column, *text_columns) or column_name.startswith("agentdb_"):
             continue
-        kind = _field_type(column["type"])
+        kind = _field_type(reflected["type"])
         if kind is None or not FIELD_NAME.match(column_name):
             continue
         fields.append(FieldSpec(name=column_name, type=kind, optional=True, column=column_name))
@@ -376,10 +383,23 @@ def add_fields(conn: psycopg.Connection[Any], source: Source, new_fields: list[F
         return source
     if source.kind != "documents":
         raise StorageContentError(f"source {source.name!r} is a registered table; its fields are its columns")
-    merged = [*source.fields, *new_fields]
-    conn.execute(
-        "update agentdb.sources set fields = %s where id = %s", (Jsonb([f.model_dump() for f in merged]), source.id)
-    )
+    with conn.transaction():
+        # Merge with the fields as stored now, under a row lock: a concurrent ingestion may have added some
+        # since `source` was read, and a plain overwrite would lose them.
+        row = conn.execute("select fields from agentdb.sources where id = %s for no key update", (source.id,)).fetchone()
+        current = [FieldSpec.model_validate(f) for f in (row[0] if row else [])]
+        known = {f.name: f for f in current}
+        for f in new_fields:
+            if f.name in known and known[f.name].type != f.type:
+                raise StorageContentError(
+                    f"field {f.name!r} of source {source.name!r} is {known[f.name].type}, not {f.type}",
+                    path=f"fields.{f.name}",
+                )
+        merged = [*current, *(f for f in new_fields if f.name not in known)]
+        conn.execute(
+            "update agentdb.sources set fields = %s where id = %s",
+            (Jsonb([f.model_dump() for f in merged]), source.id),
+        )
     return source.model_copy(update={"fields": merged})
 
 

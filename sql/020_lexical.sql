@@ -2,12 +2,24 @@
 -- triggers (argument: the source id) keep agentdb.postings, term_stats and corpus_stats equal to the
 -- rows in the same transaction, whoever writes the table (agentdb's ingestion or another program).
 
+-- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
+-- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
+-- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
+
 -- The statements that add the postings and statistics of the rows of relation `rel` (a transition
 -- table inside a trigger, or a whole source table when rebuilding). Returned as text because only the
 -- trigger function itself can see its transition tables; $1 is the source id.
 create or replace function agentdb.lexical_add_sql(rel text) returns text[]
 language sql immutable as $$
 select array[
+    format($q$
+    insert into agentdb.corpus_stats as c (source_id, n_chunks, total_len)
+    select $1, count(*),
+           coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0)
+    from %s n
+    on conflict (source_id) do update
+        set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len
+    $q$, rel),
     format($q$
     with entries as (
         select n.agentdb_chunk_id as chunk_id, t.lexeme as term,
@@ -23,14 +35,6 @@ select array[
     insert into agentdb.term_stats as s (source_id, term, df)
     select $1, term, count(*) from ins group by term order by term
     on conflict (source_id, term) do update set df = s.df + excluded.df
-    $q$, rel),
-    format($q$
-    insert into agentdb.corpus_stats as c (source_id, n_chunks, total_len)
-    select $1, count(*),
-           coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0)
-    from %s n
-    on conflict (source_id) do update
-        set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len
     $q$, rel)
 ];
 $$;
@@ -52,6 +56,16 @@ create or replace function agentdb.lexical_remove_sql(rel text) returns text[]
 language sql immutable as $$
 select array[
     format($q$
+    update agentdb.corpus_stats c
+    set n_chunks = c.n_chunks - o.n, total_len = c.total_len - o.len
+    from (
+        select count(*) as n,
+               coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(r.agentdb_tsv) t)), 0) as len
+        from %s r
+    ) o
+    where c.source_id = $1
+    $q$, rel),
+    format($q$
     with gone as (
         delete from agentdb.postings p
         using %s o cross join lateral unnest(o.agentdb_tsv) as t
@@ -62,17 +76,7 @@ select array[
     from (select term, count(*) as n from gone group by term order by term) g
     where s.source_id = $1 and s.term = g.term
     $q$, rel),
-    'delete from agentdb.term_stats where source_id = $1 and df <= 0',
-    format($q$
-    update agentdb.corpus_stats c
-    set n_chunks = c.n_chunks - o.n, total_len = c.total_len - o.len
-    from (
-        select count(*) as n,
-               coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(r.agentdb_tsv) t)), 0) as len
-        from %s r
-    ) o
-    where c.source_id = $1
-    $q$, rel)
+    'delete from agentdb.term_stats where source_id = $1 and df <= 0'
 ];
 $$;
 
@@ -115,9 +119,9 @@ language plpgsql as $$
 declare
     src int := TG_ARGV[0]::int;
 begin
+    update agentdb.corpus_stats set n_chunks = 0, total_len = 0 where source_id = src;
     delete from agentdb.postings where source_id = src;
     delete from agentdb.term_stats where source_id = src;
-    update agentdb.corpus_stats set n_chunks = 0, total_len = 0 where source_id = src;
     return null;
 end;
 $$;
@@ -133,9 +137,9 @@ begin
     if not found then
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
     end if;
+    delete from agentdb.corpus_stats where source_id = src.id;
     delete from agentdb.postings where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
-    delete from agentdb.corpus_stats where source_id = src.id;
     foreach stmt in array agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name)) loop
         execute stmt using src.id;
     end loop;

@@ -26,6 +26,7 @@ from agentdb.sources import (
     FieldType,
     Source,
     add_fields,
+    check_source_name,
     coerce_value,
     create_document_source,
     get_source,
@@ -66,7 +67,12 @@ class BadRow:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: field {self.field!r}: {self.message}"
+        field = f" field {self.field!r}:" if self.field else ""
+        return f"{self.file}:{self.line}:{field} {self.message}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.file}:{self.line}.{self.field}" if self.field else f"{self.file}:{self.line}"
 
 
 @dataclass
@@ -138,6 +144,8 @@ class _Schema:
 
 
 def _parse(located: Located, mapping: FieldMap, schema: _Schema, dim: int) -> Document:
+    if located.error is not None:
+        raise RowError("", located.error)
     record = located.record
     id_key = mapping.id_field or ("_id" if "_id" in record else "id")
     raw_id = record.get(id_key)
@@ -182,14 +190,17 @@ def prepare(
     documents: dict[str, Document] = {}
     bad: list[BadRow] = []
     for located in records:
+        # A skipped row must not leave the fields it introduced (or widened) behind.
+        known, new = dict(schema.fields), dict(schema.new)
         try:
             doc = _parse(located, mapping, schema, dim)
         except RowError as exc:
+            schema.fields, schema.new = known, new
             row = BadRow(located.file, located.line, exc.field, exc.message)
             if not skip_bad:
                 raise StorageContentError(
                     f"bad row at {row}; nothing was written",
-                    path=f"{row.file}:{row.line}.{row.field}",
+                    path=row.path,
                     hint="fix the row, or pass --skip-bad to report and skip bad rows",
                 ) from exc
             bad.append(row)
@@ -208,6 +219,13 @@ def _batches(documents: list[Document], size: int) -> Iterator[list[Document]]:
         yield documents[start : start + size]
 
 
+def _check_embedder(source: Source, documents: list[Document], embedder: Embedder | None) -> None:
+    if any(d.embedding is None for d in documents):
+        if embedder is None:
+            raise StorageContentError("documents without an `embedding` need an embedder", path="embedding")
+        check_model(source.embedding_model, embedder.model_name, source.name)
+
+
 def write_documents(
     conn: psycopg.Connection[Any],
     source: Source,
@@ -220,10 +238,7 @@ def write_documents(
 ) -> IngestReport:
     """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole."""
     report = report or IngestReport()
-    if any(d.embedding is None for d in documents):
-        if embedder is None:
-            raise StorageContentError("documents without an `embedding` need an embedder", path="embedding")
-        check_model(source.embedding_model, embedder.model_name, source.name)
+    _check_embedder(source, documents, embedder)
     copy = sql.SQL(
         "copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin"
     ).format(source.table)
@@ -285,24 +300,39 @@ def ingest(
     """Ingest `records` into the document source `source_name` (created on first use when `create`)."""
     started = time.perf_counter()
     mapping = mapping or FieldMap()
+    source: Source | None
     try:
         source = get_source(conn, source_name)
     except AgentDBError:
         if not create or embedder is None:
             raise
-        source = create_document_source(
-            conn, source_name, embedding_model=embedder.model_name, embedding_dim=embedder.dim,
-            chunk_size=chunk_size, chunk_overlap=chunk_overlap,
-        )
-    if source.kind != "documents":
+        source = None  # created below, once every record is known to be good
+        check_source_name(source_name)
+    if source is None:
+        assert embedder is not None
+        fields, dim = [], embedder.dim
+    elif source.kind != "documents":
         raise StorageKindMismatch(
             f"source {source_name!r} is a registered table: write to the table itself; agentdb indexes it",
             path="source",
         )
-    documents, new_fields, bad = prepare(records, mapping, source.fields, source.embedding_dim, skip_bad=skip_bad)
+    else:
+        fields, dim = source.fields, source.embedding_dim
+    documents, new_fields, bad = prepare(records, mapping, fields, dim, skip_bad=skip_bad)
     report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
     if not documents and not bad:
         raise InvalidParamValue("no records to ingest", path="files")
+    if source is None:
+        assert embedder is not None
+        try:
+            source = create_document_source(
+                conn, source_name, embedding_model=embedder.model_name, embedding_dim=embedder.dim,
+                chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+            )
+        except (StorageKindMismatch, psycopg.errors.UniqueViolation):
+            # Another ingestion created it meanwhile: write into theirs (add_fields checks the field types).
+            source = get_source(conn, source_name)
+    _check_embedder(source, documents, embedder)
     with conn.transaction():
         source = add_fields(conn, source, new_fields)
     write_documents(conn, source, documents, embedder, progress=progress, report=report)

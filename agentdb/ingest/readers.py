@@ -29,6 +29,8 @@ class Located:
     file: str
     line: int
     record: dict[str, Any]
+    # Set when the line is not a record at all (invalid JSON): a bad row, which `--skip-bad` can skip.
+    error: str | None = None
 
 
 def file_format(path: Path) -> str:
@@ -62,9 +64,11 @@ def _read_jsonl(path: Path) -> Iterator[Located]:
             try:
                 record = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                raise StorageContentError(f"{path}:{number}: invalid JSON: {exc}", path=f"{path}:{number}") from exc
+                yield Located(str(path), number, {}, error=f"invalid JSON: {exc}")
+                continue
             if not isinstance(record, dict):
-                raise StorageContentError(f"{path}:{number}: a record must be a JSON object", path=f"{path}:{number}")
+                yield Located(str(path), number, {}, error="a record must be a JSON object")
+                continue
             yield Located(str(path), number, record)
 
 
