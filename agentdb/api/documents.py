@@ -117,7 +117,7 @@ def get_document(
         "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
         " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
     ).format(doc=doc_id_sql, chunk=chunk_sql, title=title_sql, body=body_sql, meta=metadata_sql,
-             table=source.table, predicate=sql.SQL(predicate))  # type: ignore[arg-type]
+             table=source.table, predicate=sql.SQL(predicate))
     with read_scope(conn, caller):
         rows = conn.execute(query, {"doc_id": doc_id, "row_params": Jsonb(params)}).fetchall()
     if not rows:

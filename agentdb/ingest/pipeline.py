@@ -34,6 +34,8 @@ from agentdb.sources import (
 
 log = logging.getLogger(__name__)
 
+ANALYZE_AFTER_CHUNKS = 1000
+
 
 @dataclass(frozen=True)
 class FieldMap:
@@ -336,5 +338,10 @@ def ingest(
     with conn.transaction():
         source = add_fields(conn, source, new_fields)
     write_documents(conn, source, documents, embedder, progress=progress, report=report)
+    if report.chunks >= ANALYZE_AFTER_CHUNKS:
+        # Fresh statistics right away (not at autovacuum's leisure), so the planner picks index scans.
+        conn.execute(sql.SQL("analyze {}").format(source.table))
+        conn.execute("analyze agentdb.postings")
+        conn.execute("analyze agentdb.term_stats")
     report.seconds = time.perf_counter() - started
     return report
