@@ -4,18 +4,26 @@ steps, usage and diagnostics. The same event stream feeds the JSON response and 
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool, principal_scope
+from agentdb.config import Settings
+from agentdb.deepening import DeepeningOptions, deepen
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue
-from agentdb.retrieval import Hit, Mode, retrieve
+from agentdb.expansion import expand
+from agentdb.generation import GenerationStep, generate
+from agentdb.llm import GeneratorSpec, Usage, UsageMeter, resolve_model
+from agentdb.retrieval import Hit, Mode, Result, retrieve
 from agentdb.sources import get_source
 
 MERGE_RRF_K = 60
@@ -46,13 +54,20 @@ class QuerySpec(BaseModel):
     rrf_k: int = Field(60, ge=1, le=1000)
 
 
-class Generator(BaseModel):
-    provider: str
-    model: str | None = None
+class RetrievalOptions(BaseModel):
+    """`steps.retrieval`: agentic deepening (seed 003), neighbour expansion, and (later) navigation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    navigation: dict[str, Any] | None = None
+    deepening: dict[str, Any] | None = None
+    expand_window: int = Field(3, ge=1, le=101)
 
 
 class Steps(BaseModel):
-    retrieval: dict[str, Any] | None = None
+    model_config = ConfigDict(extra="forbid")
+
+    retrieval: RetrievalOptions | None = None
     generation: dict[str, Any] | None = None
 
 
@@ -64,7 +79,7 @@ class RetrievalRequest(BaseModel):
     stream: bool = False
     diagnostics: bool = False
     max_internal_iterations: int = Field(0, ge=0, le=20)
-    generator: Generator | None = None
+    generator: GeneratorSpec | None = None
     steps: Steps | None = None
 
 
@@ -81,6 +96,7 @@ class AgentHit(BaseModel):
     source: dict[str, Any] = Field(alias="_source")
     table: str = Field(alias="_table")
     chunk: int = Field(alias="_chunk")
+    chunks: list[int] | None = Field(None, alias="_chunks")
     index_scores: IndexScores = Field(alias="_index_scores")
 
     model_config = ConfigDict(populate_by_name=True)
@@ -88,14 +104,14 @@ class AgentHit(BaseModel):
 
 class Step(BaseModel):
     id: str
-    kind: Literal["retrieval"] = "retrieval"
+    kind: Literal["retrieval", "deepening", "expansion", "generation"] = "retrieval"
     name: str
     status: Literal["completed", "failed"]
     duration_ms: float
     details: dict[str, Any]
 
 
-class Usage(BaseModel):
+class UsageOut(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     llm_calls: int = 0
@@ -106,7 +122,8 @@ class RetrievalResponse(BaseModel):
     status: Literal["completed", "incomplete", "failed"]
     steps: list[Step]
     route: Literal["found", "not_found"]
-    usage: Usage
+    usage: UsageOut
+    generation: dict[str, Any] | None = None
     tool_calls_made: int = 0
     debug_info: dict[str, Any] | None = None
 
@@ -114,15 +131,48 @@ class RetrievalResponse(BaseModel):
 Event = tuple[str, dict[str, Any]]
 
 
-def _unsupported(request: RetrievalRequest) -> None:
-    """Model loops, navigation and generation arrive in later work: refuse them clearly, never ignore them."""
+@dataclass
+class Plan:
+    """What a validated request will do beyond retrieval, with its models resolved (no network yet)."""
+
+    projections: list[list[str] | None]
+    expand_window: int = 1
+    deepening: DeepeningOptions | None = None
+    judge: UsageMeter | None = None
+    generation: GenerationStep | None = None
+    generator: UsageMeter | None = None
+    meters: list[UsageMeter] = field(default_factory=list)
+
+    def usage(self) -> Usage:
+        total = Usage()
+        for meter in self.meters:
+            total = total + meter.usage
+        return total
+
+
+def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None:
+    """Parse the optional steps and resolve their models; the model loop and navigation come later, so
+    asking for them is a clear 400, never a silent ignore."""
     if request.max_internal_iterations:
         raise InvalidParamValue("max_internal_iterations > 0 (the agentic model loop) is not supported yet; "
                                 "use 0 for pipeline mode", path="max_internal_iterations")
-    if request.steps and request.steps.retrieval and request.steps.retrieval.get("navigation") is not None:
+    options = request.steps.retrieval if request.steps and request.steps.retrieval else RetrievalOptions.model_validate({})
+    if options.navigation is not None:
         raise InvalidParamValue("steps.retrieval.navigation is not supported yet", path="steps.retrieval.navigation")
-    if request.steps and request.steps.generation and request.steps.generation.get("enabled"):
-        raise InvalidParamValue("steps.generation is not supported yet", path="steps.generation.enabled")
+    plan.expand_window = options.expand_window
+    if options.deepening is not None:
+        plan.deepening = DeepeningOptions.parse(options.deepening, path="steps.retrieval.deepening")
+        where = "steps.retrieval.deepening.generator" if plan.deepening.generator else "generator"
+        plan.judge = UsageMeter(resolve_model(plan.deepening.generator or request.generator, settings, path=where))
+        plan.meters.append(plan.judge)
+    if request.steps and request.steps.generation is not None:
+        step = GenerationStep.parse(request.steps.generation, path="steps.generation")
+        if step.enabled:
+            step.check_query(request.query)
+            where = "steps.generation.generator" if step.generator else "generator"
+            plan.generation = step
+            plan.generator = UsageMeter(resolve_model(step.generator or request.generator, settings, path=where))
+            plan.meters.append(plan.generator)
 
 
 def _plan(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
@@ -137,11 +187,14 @@ def _plan(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
     return mode, lexical_text, dense_text
 
 
-def validate(conn: psycopg.Connection[Any], request: RetrievalRequest, principal: Principal | None) -> list[list[str] | None]:
-    """Every check that can fail before any query runs: features, tables, permissions, projections.
-    Returns each query's effective projection (a field grant narrows an unrestricted request)."""
-    _unsupported(request)
-    projections = []
+def validate(
+    conn: psycopg.Connection[Any], request: RetrievalRequest, principal: Principal | None, settings: Settings
+) -> Plan:
+    """Every check that can fail before any query runs or any model is called: features and their models,
+    tables, permissions, projections (a field grant narrows an unrestricted request)."""
+    plan = Plan(projections=[])
+    _features(request, settings, plan)
+    projections = plan.projections
     for i, spec in enumerate(request.queries):
         if isinstance(spec.full_text_search, FullTextSearch) and spec.full_text_search.field not in (None, "text"):
             raise InvalidParamValue(
@@ -162,7 +215,7 @@ def validate(conn: psycopg.Connection[Any], request: RetrievalRequest, principal
             for name in ("filter", "filter_query", "exclusion_query"):
                 check_filter(conn, principal, source, getattr(spec, name), path=name)
         projections.append(fields)
-    return projections
+    return plan
 
 
 def read_scope(conn: psycopg.Connection[Any], principal: Principal | None) -> AbstractContextManager[Any]:
@@ -178,6 +231,7 @@ def _agent_hit(hit: Hit, table: str, score: float) -> dict[str, Any]:
         source["text"] = hit.text
     return {
         "_id": hit.id, "_score": score, "_source": source, "_table": table, "_chunk": hit.chunk,
+        "_chunks": getattr(hit, "chunks", None),
         "_index_scores": {"distance": hit.distance, "bm25": hit.bm25_score,
                           "rank_dense": hit.rank_dense, "rank_sparse": hit.rank_sparse},
     }
@@ -212,49 +266,153 @@ def merge(hit_lists: list[tuple[str, list[Hit]]], limit: int) -> list[dict[str, 
     return [_agent_hit(best[k][1], k[0], fused[k]) for k in ordered[:limit]]
 
 
-def run(
-    conn: psycopg.Connection[Any],
-    request: RetrievalRequest,
-    principal: Principal | None,
-    *,
-    embedder_for: Callable[[str], Embedder] = load_embedder,
-) -> Iterator[Event]:
-    """The pipeline as events: step_started / step_completed per query, then one `hit` each, then `done`.
-    Validation errors are raised before the first event."""
-    projections = validate(conn, request, principal)
-    steps: list[dict[str, Any]] = []
-    results: list[tuple[str, list[Hit]]] = []
-    diagnostics: list[dict[str, Any]] = []
-    for i, (spec, fields) in enumerate(zip(request.queries, projections, strict=True)):
-        mode, lexical_text, dense_text = _plan(spec, request.query)
-        step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
-        yield "step_started", {**step, "status": "running", "details": {"table": spec.table, "retrieval_mode": mode}}
-        started = time.perf_counter()
-        embedding = None
-        if mode != "lexical" and dense_text.strip():
-            embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
+def _retrieve_query(
+    conn: psycopg.Connection[Any], request: RetrievalRequest, spec: QuerySpec, fields: list[str] | None,
+    principal: Principal | None, plan: Plan, embedder_for: Callable[[str], Embedder],
+) -> Iterator[tuple[str, Any]]:
+    """One query: retrieval (deepened by the judge when asked), then neighbour expansion. Yields the step
+    events, and finally ("result", (hits, diagnostics))."""
+    mode, lexical_text, dense_text = _plan(spec, request.query)
+    embedding = None
+    if mode != "lexical" and dense_text.strip():
+        embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
+
+    def retrieve_k(k: int) -> Result:
         with read_scope(conn, principal):
-            result = retrieve(
-                conn, spec.table, lexical_text, mode=mode, top_k=spec.limit, rrf_k=spec.rrf_k,
+            return retrieve(
+                conn, spec.table, lexical_text, mode=mode, top_k=k, rrf_k=spec.rrf_k,
                 threshold=spec.threshold, filter=spec.filter, filter_query=spec.filter_query,
                 exclusion_query=spec.exclusion_query, fields=fields, query_embedding=embedding,
                 row_filter=principal.row_filter if principal else None,
             )
+
+    result = retrieve_k(spec.limit)
+    hits: list[Hit] = list(result.hits)
+    if plan.deepening is not None and plan.judge is not None:
+        rounds = deepen(
+            lambda k: retrieve_k(min(k, 1000)).hits, plan.judge, request.query, top_k=min(spec.limit, plan.deepening.max_chunks),
+            max_iters=plan.deepening.max_iters, max_chunks=plan.deepening.max_chunks,
+            function_call_max_trials=plan.deepening.function_call_max_trials, source=spec.table,
+        )
+        hits = list(rounds.hits)
+        for summary in rounds.rounds:
+            yield "step_completed", {
+                "id": f"deepening_{spec.table}_{summary.round}", "kind": "deepening", "name": "deepening_round",
+                "status": "completed", "duration_ms": 0.0,
+                "details": {**summary.to_dict(), "table": spec.table, "stopped": rounds.stopped},
+            }
+    if plan.expand_window > 1 and hits:
+        with read_scope(conn, principal):
+            hits = list(expand(
+                conn, spec.table, hits, plan.expand_window, filter=spec.filter,
+                row_filter=principal.row_filter if principal else None, fields=fields,
+            ))
+    yield "result", (mode, result, hits)
+
+
+def _generate(plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]], stream: bool) -> Iterator[Event]:
+    """The generation step over the merged hits; when streaming, text deltas arrive as `generation`
+    events (the model call runs in a worker thread feeding a queue), then the final answer."""
+    assert plan.generation is not None and plan.generator is not None
+    knowledge: dict[str, list[dict[str, Any]]] = {}
+    for hit in hits:
+        knowledge.setdefault(hit["_table"], []).append(hit)
+    step = plan.generation
+    options = {"system_prompt": step.system_prompt, "template": step.template, "placement": step.placement,
+               "max_tokens": step.max_tokens}
+    started = time.perf_counter()
+    if not stream:
+        answer = generate(plan.generator, request.query, knowledge, **options)  # type: ignore[arg-type]
+    else:
+        deltas: queue.Queue[str | None] = queue.Queue()
+        outcome: dict[str, Any] = {}
+        cancel = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome["answer"] = generate(
+                    plan.generator, request.query, knowledge, cancel=cancel, on_text=deltas.put,  # type: ignore[arg-type]
+                    **options,  # type: ignore[arg-type]
+                )
+            except BaseException as exc:  # handed to the generator thread below
+                outcome["error"] = exc
+            finally:
+                deltas.put(None)
+
+        worker = threading.Thread(target=work, name="agentdb-generation", daemon=True)
+        worker.start()
+        try:
+            while (delta := deltas.get()) is not None:
+                yield "generation", {"delta": delta}
+        except GeneratorExit:  # the client went away: stop the model call
+            cancel.set()
+            raise
+        worker.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        answer = outcome["answer"]
+    yield "step_completed", {
+        "id": "generation", "kind": "generation", "name": "generation", "status": "completed",
+        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+        "details": {"model": answer.model, "citations": answer.citations},
+    }
+    yield "generation", answer.to_dict()
+
+
+def run(
+    conn: psycopg.Connection[Any],
+    request: RetrievalRequest,
+    principal: Principal | None,
+    settings: Settings,
+    *,
+    plan: Plan | None = None,
+    embedder_for: Callable[[str], Embedder] = load_embedder,
+) -> Iterator[Event]:
+    """The pipeline as events: step_started / step_completed per query (and per deepening round), one
+    `hit` each, the `generation` events when asked, then `done`. Validation errors are raised before the
+    first event (pass a `plan` from `validate` to skip validating twice)."""
+    plan = plan or validate(conn, request, principal, settings)
+    steps: list[dict[str, Any]] = []
+    results: list[tuple[str, list[Hit]]] = []
+    diagnostics: list[dict[str, Any]] = []
+    for i, (spec, fields) in enumerate(zip(request.queries, plan.projections, strict=True)):
+        step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
+        yield "step_started", {**step, "status": "running", "details": {"table": spec.table}}
+        started = time.perf_counter()
+        outcome: tuple[Mode, Result, list[Hit]] | None = None
+        for kind, payload in _retrieve_query(conn, request, spec, fields, principal, plan, embedder_for):
+            if kind == "result":
+                outcome = payload
+            else:
+                steps.append(payload)
+                yield kind, payload
+        assert outcome is not None
+        mode, result, hits = outcome
         done_step = {
             **step, "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "details": {"table": spec.table, "retrieval_mode": mode, "route": result.route,
-                        "result_count": len(result.hits)},
+            "details": {"table": spec.table, "retrieval_mode": mode, "route": "found" if hits else "not_found",
+                        "result_count": len(hits), "expand_window": plan.expand_window},
         }
         steps.append(done_step)
-        results.append((spec.table, result.hits))
+        results.append((spec.table, hits))
         diagnostics.append({"query_index": i, "table": spec.table, **result.diagnostics})
         yield "step_completed", done_step
-    hits = merge(results, max(q.limit for q in request.queries))
-    for hit in hits:
+    merged = merge(results, max(q.limit for q in request.queries))
+    for hit in merged:
         yield "hit", hit
+    generation = None
+    if plan.generation is not None:
+        for kind, payload in _generate(plan, request, merged, request.stream):
+            if kind == "step_completed":
+                steps.append(payload)
+            elif "text" in payload:
+                generation = payload
+            yield kind, payload
+    usage = plan.usage().to_dict()
     yield "done", {
-        "status": "completed", "route": "found" if hits else "not_found", "steps": steps,
-        "usage": Usage().model_dump(), "tool_calls_made": 0,
+        "status": "completed", "route": "found" if merged else "not_found", "steps": steps,
+        "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")}, "tool_calls_made": 0,
+        "generation": generation,
         "debug_info": {"queries": diagnostics} if request.diagnostics else None,
     }
 

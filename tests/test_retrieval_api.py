@@ -50,7 +50,8 @@ def test_response_schema_and_inferred_modes(client: TestClient) -> None:
     [step] = body["steps"]
     assert step["status"] == "completed" and step["duration_ms"] > 0 and step["details"]["retrieval_mode"] == "hybrid"
     hit = body["hits"][0]
-    assert set(hit) == {"_id", "_score", "_source", "_table", "_chunk", "_index_scores"}
+    assert set(hit) == {"_id", "_score", "_source", "_table", "_chunk", "_chunks", "_index_scores"}
+    assert hit["_chunks"] == [0]  # expand_window 3 by default; these documents have one chunk
     assert hit["_table"] == "runbooks" and hit["_id"] in {"backup", "restore"}
     assert set(hit["_index_scores"]) == {"distance", "bm25", "rank_dense", "rank_sparse"}
     params = body["debug_info"]["queries"][0]["parameters"]
@@ -135,7 +136,7 @@ def test_stream_reports_errors_then_done(client: TestClient) -> None:
 def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> None:
     cases = [
         ({"max_internal_iterations": 3}, "max_internal_iterations"),
-        ({"steps": {"generation": {"enabled": True}}}, "steps.generation.enabled"),
+        ({"steps": {"generation": {"enabled": True}}}, "generator.provider"),  # no ANTHROPIC_API_KEY here
         ({"steps": {"retrieval": {"navigation": {"strategy": "tree"}}}}, "steps.retrieval.navigation"),
     ]
     for extra, path in cases:

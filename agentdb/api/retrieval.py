@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 from agentdb import agent
 from agentdb.api.deps import connection, principal
 from agentdb.auth import Principal
+from agentdb.config import Settings
 from agentdb.errors import AgentDBError
 
 router = APIRouter(tags=["retrieval"])
@@ -23,12 +24,14 @@ def sse(kind: str, payload: Any) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _stream(pool: ConnectionPool, request: agent.RetrievalRequest, caller: Principal | None) -> Iterator[bytes]:
+def _stream(
+    pool: ConnectionPool, request: agent.RetrievalRequest, caller: Principal | None, settings: Settings, plan: agent.Plan
+) -> Iterator[bytes]:
     """Events as SSE on a connection of the stream's own (the request's is released when the handler
     returns); an error becomes an `error` event, and `done` always comes last."""
     try:
         with pool.connection() as conn:
-            for kind, payload in agent.run(conn, request, caller):
+            for kind, payload in agent.run(conn, request, caller, settings, plan=plan):
                 yield sse(kind, payload)
     except AgentDBError as exc:
         yield sse("error", {"error": exc.to_dict()})
@@ -53,8 +56,12 @@ def retrieval(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> Any:
-    """Run the queries (pipeline mode), merge their hits by RRF, and answer as JSON or as an event stream."""
+    """Run the queries (pipeline mode; optional deepening, neighbour expansion and generation), merge their
+    hits by RRF, and answer as JSON or as an event stream."""
+    settings = http.app.state.settings
+    plan = agent.validate(conn, request, caller, settings)  # input, permission and model errors: a plain 4xx
     if not request.stream:
-        return agent.respond(agent.run(conn, request, caller))
-    agent.validate(conn, request, caller)  # permission and input errors are a plain 4xx, before streaming
-    return StreamingResponse(_stream(http.app.state.pool, request, caller), media_type="text/event-stream")
+        return agent.respond(agent.run(conn, request, caller, settings, plan=plan))
+    return StreamingResponse(
+        _stream(http.app.state.pool, request, caller, settings, plan), media_type="text/event-stream"
+    )
