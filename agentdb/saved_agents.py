@@ -12,10 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentdb.errors import Conflict, InvalidAgentId, InvalidParamValue, ParamNotMutable
 from agentdb.filters import validate_filter
+from agentdb.generation import GenerationStep
 from agentdb.sources import get_source
 
 STRUCTURAL = ("name", "source", "input", "storage", "schema")
-MUTABLE = ("filter", "top_k", "threshold", "retrieval_mode", "rrf_k")
+MUTABLE = ("filter", "top_k", "threshold", "retrieval_mode", "rrf_k", "generation")
 
 
 class RetrieveParams(BaseModel):
@@ -28,6 +29,8 @@ class RetrieveParams(BaseModel):
     threshold: float = Field(0.5, ge=0, le=2)
     retrieval_mode: Literal["dense", "lexical", "hybrid"] = "dense"
     rrf_k: int = Field(60, ge=1, le=1000)
+    # The generation step, as in a retrieval request's steps.generation (validated by GenerationStep).
+    generation: dict[str, Any] | None = None
 
 
 class SavedAgentIn(RetrieveParams):
@@ -52,6 +55,7 @@ def _row(conn: psycopg.Connection[Any], name: str) -> SavedAgent:
 def create_agent(conn: psycopg.Connection[Any], spec: SavedAgentIn) -> SavedAgent:
     source = get_source(conn, spec.source)
     validate_filter(conn, source, spec.filter)
+    GenerationStep.parse(spec.generation, path="generation")
     params = RetrieveParams(**spec.model_dump(include=set(MUTABLE)))
     with conn.transaction():
         done = conn.execute(
@@ -89,6 +93,8 @@ def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any
         raise InvalidParamValue(str(first["msg"]), path=".".join(str(p) for p in first["loc"])) from None
     if "filter" in changes:
         validate_filter(conn, get_source(conn, current.source), params.filter)
+    if "generation" in changes:
+        GenerationStep.parse(params.generation, path="generation")
     with conn.transaction():
         conn.execute(
             "update agentdb.saved_agents set params = %s, updated_at = now() where name = %s",

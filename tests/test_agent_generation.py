@@ -121,3 +121,18 @@ def test_without_a_key_generation_is_a_clear_error_and_retrieval_still_works(db_
             "query": "how do I recover?", "queries": [QUERY], "steps": {"generation": {"enabled": True}},
             "generator": {"provider": "scripted"}}).json()
         assert offline["generation"]["citations"] and offline["usage"]["llm_calls"] == 1
+
+
+def test_saved_agents_get_the_generation_step(client: TestClient, fake: Any) -> None:
+    api, _ = fake
+    created = client.post("/agents", json={
+        "name": "answerer", "source": "runbooks", "retrieval_mode": "lexical", "top_k": 2,
+        "generation": {"enabled": True, "generator": {"provider": "anthropic", "model": "claude-test-1"}}})
+    assert created.status_code == 201
+    bad = client.patch("/agents/answerer", json={"generation": {"enabled": True, "placement": "sideways"}})
+    assert bad.status_code == 400 and bad.json()["error"]["path"].startswith("generation.placement")
+    api.replies.append(reply_text("Replay the WAL [restore].", input_tokens=50, output_tokens=6))
+    run = client.post("/agents/answerer/run", json={"input": "restore backup WAL"}).json()
+    assert run["generation"]["citations"] == ["restore"]
+    assert run["usage"] == {"input_tokens": 50, "output_tokens": 6, "llm_calls": 1}
+    assert api.requests[-1]["model"] == "claude-test-1"  # the rejected patch left the generator in place

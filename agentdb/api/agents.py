@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel
 
 from agentdb import saved_agents
 from agentdb.agent import read_scope
 from agentdb.api.deps import connection, principal
 from agentdb.auth import Principal, check_table, check_tool
+from agentdb.generation import GenerationStep, generate
+from agentdb.llm import UsageMeter, resolve_model
 from agentdb.retrieval import retrieve
 
 router = APIRouter(tags=["agents"])
@@ -25,6 +27,8 @@ class RunResponse(BaseModel):
     route: str
     hits: list[dict[str, Any]]
     diagnostics: dict[str, Any]
+    generation: dict[str, Any] | None = None
+    usage: dict[str, int]
 
 
 def _allowed(caller: Principal | None, agent: saved_agents.SavedAgent) -> None:
@@ -88,6 +92,7 @@ def delete(
 def run(
     name: str,
     body: RunRequest,
+    http: Request,
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> RunResponse:
@@ -95,10 +100,21 @@ def run(
     agent = saved_agents.get_agent(conn, name)
     _allowed(caller, agent)
     text = agent.input or body.input
+    step = GenerationStep.parse(agent.generation, path="generation")
+    model = None
+    if step.enabled:  # resolved before retrieval: a missing key is a clear 400, not a half-run
+        step.check_query(text, path="input")
+        model = UsageMeter(resolve_model(step.generator, http.app.state.settings, path="generation.generator"))
     with read_scope(conn, caller):
         result = retrieve(
             conn, agent.source, text, mode=agent.retrieval_mode, top_k=agent.top_k, rrf_k=agent.rrf_k,
             threshold=agent.threshold, filter=agent.filter, row_filter=caller.row_filter if caller else None,
             fields=list(caller.fields) if caller and caller.fields is not None else None,
         )
-    return RunResponse(route=result.route, hits=[h.__dict__ for h in result.hits], diagnostics=result.diagnostics)
+    answer = None
+    if model is not None:
+        answer = generate(model, text, {agent.source: result.hits}, system_prompt=step.system_prompt,
+                          template=step.template, placement=step.placement, max_tokens=step.max_tokens).to_dict()
+    usage = model.usage.to_dict() if model is not None else {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
+    return RunResponse(route=result.route, hits=[h.__dict__ for h in result.hits], diagnostics=result.diagnostics,
+                       generation=answer, usage={k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")})
