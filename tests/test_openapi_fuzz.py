@@ -9,7 +9,6 @@ from typing import Any
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
-
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from agentdb.api import create_app
