@@ -154,16 +154,27 @@ def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None
     """Parse the optional steps and resolve their models; the model loop and navigation come later, so
     asking for them is a clear 400, never a silent ignore."""
     if request.max_internal_iterations:
-        raise InvalidParamValue("max_internal_iterations > 0 (the agentic model loop) is not supported yet; "
-                                "use 0 for pipeline mode", path="max_internal_iterations")
-    options = request.steps.retrieval if request.steps and request.steps.retrieval else RetrievalOptions.model_validate({})
+        raise InvalidParamValue(
+            "max_internal_iterations > 0 (the agentic model loop) is not supported yet; "
+            "use 0 for pipeline mode",
+            path="max_internal_iterations",
+        )
+    options = (
+        request.steps.retrieval
+        if request.steps and request.steps.retrieval
+        else RetrievalOptions.model_validate({})
+    )
     if options.navigation is not None:
-        raise InvalidParamValue("steps.retrieval.navigation is not supported yet", path="steps.retrieval.navigation")
+        raise InvalidParamValue(
+            "steps.retrieval.navigation is not supported yet", path="steps.retrieval.navigation"
+        )
     plan.expand_window = options.expand_window
     if options.deepening is not None:
         plan.deepening = DeepeningOptions.parse(options.deepening, path="steps.retrieval.deepening")
         where = "steps.retrieval.deepening.generator" if plan.deepening.generator else "generator"
-        plan.judge = UsageMeter(resolve_model(plan.deepening.generator or request.generator, settings, path=where))
+        plan.judge = UsageMeter(
+            resolve_model(plan.deepening.generator or request.generator, settings, path=where)
+        )
         plan.meters.append(plan.judge)
     if request.steps and request.steps.generation is not None:
         step = GenerationStep.parse(request.steps.generation, path="steps.generation")
@@ -171,16 +182,25 @@ def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None
             step.check_query(request.query)
             where = "steps.generation.generator" if step.generator else "generator"
             plan.generation = step
-            plan.generator = UsageMeter(resolve_model(step.generator or request.generator, settings, path=where))
+            plan.generator = UsageMeter(
+                resolve_model(step.generator or request.generator, settings, path=where)
+            )
             plan.meters.append(plan.generator)
 
 
 def _plan(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
     """The mode (given, or inferred from the legs supplied) and the texts of the lexical and dense legs."""
-    full_text = spec.full_text_search.match if isinstance(spec.full_text_search, FullTextSearch) else spec.full_text_search
+    full_text = (
+        spec.full_text_search.match
+        if isinstance(spec.full_text_search, FullTextSearch)
+        else spec.full_text_search
+    )
     mode: Mode = spec.retrieval_mode or (
-        "hybrid" if (spec.semantic_search and full_text) or not (spec.semantic_search or full_text)
-        else "dense" if spec.semantic_search else "lexical"
+        "hybrid"
+        if (spec.semantic_search and full_text) or not (spec.semantic_search or full_text)
+        else "dense"
+        if spec.semantic_search
+        else "lexical"
     )
     lexical_text = full_text or spec.semantic_search or query
     dense_text = spec.semantic_search or full_text or query
@@ -196,7 +216,10 @@ def validate(
     _features(request, settings, plan)
     projections = plan.projections
     for i, spec in enumerate(request.queries):
-        if isinstance(spec.full_text_search, FullTextSearch) and spec.full_text_search.field not in (None, "text"):
+        if isinstance(spec.full_text_search, FullTextSearch) and spec.full_text_search.field not in (
+            None,
+            "text",
+        ):
             raise InvalidParamValue(
                 "a field-scoped full_text_search is not supported: the lexical index covers title and text together",
                 path=f"queries[{i}].full_text_search.field",
@@ -230,10 +253,18 @@ def _agent_hit(hit: Hit, table: str, score: float) -> dict[str, Any]:
     if hit.text is not None:
         source["text"] = hit.text
     return {
-        "_id": hit.id, "_score": score, "_source": source, "_table": table, "_chunk": hit.chunk,
+        "_id": hit.id,
+        "_score": score,
+        "_source": source,
+        "_table": table,
+        "_chunk": hit.chunk,
         "_chunks": getattr(hit, "chunks", None),
-        "_index_scores": {"distance": hit.distance, "bm25": hit.bm25_score,
-                          "rank_dense": hit.rank_dense, "rank_sparse": hit.rank_sparse},
+        "_index_scores": {
+            "distance": hit.distance,
+            "bm25": hit.bm25_score,
+            "rank_dense": hit.rank_dense,
+            "rank_sparse": hit.rank_sparse,
+        },
     }
 
 
@@ -267,8 +298,13 @@ def merge(hit_lists: list[tuple[str, list[Hit]]], limit: int) -> list[dict[str, 
 
 
 def _retrieve_query(
-    conn: psycopg.Connection[Any], request: RetrievalRequest, spec: QuerySpec, fields: list[str] | None,
-    principal: Principal | None, plan: Plan, embedder_for: Callable[[str], Embedder],
+    conn: psycopg.Connection[Any],
+    request: RetrievalRequest,
+    spec: QuerySpec,
+    fields: list[str] | None,
+    principal: Principal | None,
+    plan: Plan,
+    embedder_for: Callable[[str], Embedder],
 ) -> Iterator[tuple[str, Any]]:
     """One query: retrieval (deepened by the judge when asked), then neighbour expansion. Yields the step
     events, and finally ("result", (hits, diagnostics))."""
@@ -280,9 +316,18 @@ def _retrieve_query(
     def retrieve_k(k: int) -> Result:
         with read_scope(conn, principal):
             return retrieve(
-                conn, spec.table, lexical_text, mode=mode, top_k=k, rrf_k=spec.rrf_k,
-                threshold=spec.threshold, filter=spec.filter, filter_query=spec.filter_query,
-                exclusion_query=spec.exclusion_query, fields=fields, query_embedding=embedding,
+                conn,
+                spec.table,
+                lexical_text,
+                mode=mode,
+                top_k=k,
+                rrf_k=spec.rrf_k,
+                threshold=spec.threshold,
+                filter=spec.filter,
+                filter_query=spec.filter_query,
+                exclusion_query=spec.exclusion_query,
+                fields=fields,
+                query_embedding=embedding,
                 row_filter=principal.row_filter if principal else None,
             )
 
@@ -290,27 +335,47 @@ def _retrieve_query(
     hits: list[Hit] = list(result.hits)
     if plan.deepening is not None and plan.judge is not None:
         rounds = deepen(
-            lambda k: retrieve_k(min(k, 1000)).hits, plan.judge, request.query, top_k=min(spec.limit, plan.deepening.max_chunks),
-            max_iters=plan.deepening.max_iters, max_chunks=plan.deepening.max_chunks,
-            function_call_max_trials=plan.deepening.function_call_max_trials, source=spec.table,
+            lambda k: retrieve_k(min(k, 1000)).hits,
+            plan.judge,
+            request.query,
+            top_k=min(spec.limit, plan.deepening.max_chunks),
+            max_iters=plan.deepening.max_iters,
+            max_chunks=plan.deepening.max_chunks,
+            function_call_max_trials=plan.deepening.function_call_max_trials,
+            source=spec.table,
         )
         hits = list(rounds.hits)
         for summary in rounds.rounds:
-            yield "step_completed", {
-                "id": f"deepening_{spec.table}_{summary.round}", "kind": "deepening", "name": "deepening_round",
-                "status": "completed", "duration_ms": 0.0,
-                "details": {**summary.to_dict(), "table": spec.table, "stopped": rounds.stopped},
-            }
+            yield (
+                "step_completed",
+                {
+                    "id": f"deepening_{spec.table}_{summary.round}",
+                    "kind": "deepening",
+                    "name": "deepening_round",
+                    "status": "completed",
+                    "duration_ms": 0.0,
+                    "details": {**summary.to_dict(), "table": spec.table, "stopped": rounds.stopped},
+                },
+            )
     if plan.expand_window > 1 and hits:
         with read_scope(conn, principal):
-            hits = list(expand(
-                conn, spec.table, hits, plan.expand_window, filter=spec.filter,
-                row_filter=principal.row_filter if principal else None, fields=fields,
-            ))
+            hits = list(
+                expand(
+                    conn,
+                    spec.table,
+                    hits,
+                    plan.expand_window,
+                    filter=spec.filter,
+                    row_filter=principal.row_filter if principal else None,
+                    fields=fields,
+                )
+            )
     yield "result", (mode, result, hits)
 
 
-def _generate(plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]], stream: bool) -> Iterator[Event]:
+def _generate(
+    plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]], stream: bool
+) -> Iterator[Event]:
     """The generation step over the merged hits; when streaming, text deltas arrive as `generation`
     events (the model call runs in a worker thread feeding a queue), then the final answer."""
     assert plan.generation is not None and plan.generator is not None
@@ -318,8 +383,12 @@ def _generate(plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]],
     for hit in hits:
         knowledge.setdefault(hit["_table"], []).append(hit)
     step = plan.generation
-    options = {"system_prompt": step.system_prompt, "template": step.template, "placement": step.placement,
-               "max_tokens": step.max_tokens}
+    options = {
+        "system_prompt": step.system_prompt,
+        "template": step.template,
+        "placement": step.placement,
+        "max_tokens": step.max_tokens,
+    }
     started = time.perf_counter()
     if not stream:
         answer = generate(plan.generator, request.query, knowledge, **options)  # type: ignore[arg-type]
@@ -331,7 +400,11 @@ def _generate(plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]],
         def work() -> None:
             try:
                 outcome["answer"] = generate(
-                    plan.generator, request.query, knowledge, cancel=cancel, on_text=deltas.put,  # type: ignore[arg-type]
+                    plan.generator,
+                    request.query,
+                    knowledge,
+                    cancel=cancel,
+                    on_text=deltas.put,  # type: ignore[arg-type]
                     **options,  # type: ignore[arg-type]
                 )
             except BaseException as exc:  # handed to the generator thread below
@@ -351,11 +424,17 @@ def _generate(plan: Plan, request: RetrievalRequest, hits: list[dict[str, Any]],
         if "error" in outcome:
             raise outcome["error"]
         answer = outcome["answer"]
-    yield "step_completed", {
-        "id": "generation", "kind": "generation", "name": "generation", "status": "completed",
-        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-        "details": {"model": answer.model, "citations": answer.citations},
-    }
+    yield (
+        "step_completed",
+        {
+            "id": "generation",
+            "kind": "generation",
+            "name": "generation",
+            "status": "completed",
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "details": {"model": answer.model, "citations": answer.citations},
+        },
+    )
     yield "generation", answer.to_dict()
 
 
@@ -389,9 +468,15 @@ def run(
         assert outcome is not None
         mode, result, hits = outcome
         done_step = {
-            **step, "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "details": {"table": spec.table, "retrieval_mode": mode, "route": "found" if hits else "not_found",
-                        "result_count": len(hits), "expand_window": plan.expand_window},
+            **step,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "details": {
+                "table": spec.table,
+                "retrieval_mode": mode,
+                "route": "found" if hits else "not_found",
+                "result_count": len(hits),
+                "expand_window": plan.expand_window,
+            },
         }
         steps.append(done_step)
         results.append((spec.table, hits))
@@ -409,12 +494,18 @@ def run(
                 generation = payload
             yield kind, payload
     usage = plan.usage().to_dict()
-    yield "done", {
-        "status": "completed", "route": "found" if merged else "not_found", "steps": steps,
-        "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")}, "tool_calls_made": 0,
-        "generation": generation,
-        "debug_info": {"queries": diagnostics} if request.diagnostics else None,
-    }
+    yield (
+        "done",
+        {
+            "status": "completed",
+            "route": "found" if merged else "not_found",
+            "steps": steps,
+            "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")},
+            "tool_calls_made": 0,
+            "generation": generation,
+            "debug_info": {"queries": diagnostics} if request.diagnostics else None,
+        },
+    )
 
 
 def respond(events: Iterator[Event]) -> RetrievalResponse:

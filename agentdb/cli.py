@@ -24,7 +24,9 @@ DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdoc
 
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(
-        data_dir=getattr(args, "data_dir", None), host=getattr(args, "host", None), port=getattr(args, "port", None)
+        data_dir=getattr(args, "data_dir", None),
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
     )
 
 
@@ -57,7 +59,11 @@ def cmd_migrate(args: argparse.Namespace) -> None:
 
     with psycopg.connect(resolve_url(_settings(args))) as conn:
         applied = migrate(conn)
-    print(f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}" if applied else "database is up to date")
+    print(
+        f"applied migrations: {', '.join(f'{v:04d}' for v in applied)}"
+        if applied
+        else "database is up to date"
+    )
 
 
 def cmd_db_url(args: argparse.Namespace) -> None:
@@ -66,8 +72,11 @@ def cmd_db_url(args: argparse.Namespace) -> None:
     settings = _settings(args)
     print(resolve_url(settings, keep_running=True))
     if not settings.database_url:
-        print("(the embedded server keeps running for psql; it stops when the data directory's last agentdb "
-              "process exits, or with `pg_ctl stop`)", file=sys.stderr)
+        print(
+            "(the embedded server keeps running for psql; it stops when the data directory's last agentdb "
+            "process exits, or with `pg_ctl stop`)",
+            file=sys.stderr,
+        )
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
@@ -86,8 +95,10 @@ def cmd_sources(args: argparse.Namespace) -> None:
         for s in found:
             counts = source_counts(conn, s)
             fields = ", ".join(f"{f.name}:{f.type}" for f in s.fields)
-            print(f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
-                  f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}")
+            print(
+                f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
+                f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}"
+            )
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
@@ -96,9 +107,12 @@ def cmd_ingest(args: argparse.Namespace) -> None:
     from agentdb.ingest.readers import read_records
 
     mapping = FieldMap(
-        id_field=args.id_field, title_field=args.title_field, text_field=args.text_field,
+        id_field=args.id_field,
+        title_field=args.title_field,
+        text_field=args.text_field,
         embedding_field=args.embedding_field,
-        include=tuple(args.include_field) if args.include_field else None, exclude=tuple(args.exclude_field or ()),
+        include=tuple(args.include_field) if args.include_field else None,
+        exclude=tuple(args.exclude_field or ()),
     )
 
     def records() -> Iterator[Any]:
@@ -107,8 +121,14 @@ def cmd_ingest(args: argparse.Namespace) -> None:
 
     with _connect(args) as conn:
         report = ingest(
-            conn, args.source, records(), load_embedder(_settings(args).embedding_model), mapping=mapping,
-            skip_bad=args.skip_bad, progress=not args.no_progress, chunk_size=args.chunk_size,
+            conn,
+            args.source,
+            records(),
+            load_embedder(_settings(args).embedding_model),
+            mapping=mapping,
+            skip_bad=args.skip_bad,
+            progress=not args.no_progress,
+            chunk_size=args.chunk_size,
             chunk_overlap=args.chunk_overlap,
         )
     for bad in report.skipped:
@@ -124,15 +144,24 @@ def cmd_register(args: argparse.Namespace) -> None:
     embedder = load_embedder(_settings(args).embedding_model)
     with _connect(args) as conn:
         source = register_table(
-            conn, resolve_url(_settings(args)), args.source, table=args.table, schema=args.schema,
-            id_column=args.id_column, text_columns=args.text_column, embedding_model=embedder.model_name,
-            embedding_dim=embedder.dim, ts_config=args.ts_config,
+            conn,
+            resolve_url(_settings(args)),
+            args.source,
+            table=args.table,
+            schema=args.schema,
+            id_column=args.id_column,
+            text_columns=args.text_column,
+            embedding_model=embedder.model_name,
+            embedding_dim=embedder.dim,
+            ts_config=args.ts_config,
         )
         from agentdb.ingest.embed_missing import embed_missing
 
         filled = embed_missing(conn, source, embedder, progress=not args.no_progress)
-    print(f"registered {source.name} ({source.table_schema}.{source.table_name}): "
-          f"{len(source.fields)} fields, {filled} rows embedded")
+    print(
+        f"registered {source.name} ({source.table_schema}.{source.table_name}): "
+        f"{len(source.fields)} fields, {filled} rows embedded"
+    )
 
 
 def cmd_search(args: argparse.Namespace) -> None:
@@ -140,16 +169,32 @@ def cmd_search(args: argparse.Namespace) -> None:
 
     with _connect(args) as conn:
         result = retrieve(
-            conn, args.source, args.query, mode=args.mode, top_k=args.top_k, rrf_k=args.rrf_k,
-            threshold=args.threshold, filter=_json_arg(args.filter, "filter"), group_by_doc=args.group_by_doc,
+            conn,
+            args.source,
+            args.query,
+            mode=args.mode,
+            top_k=args.top_k,
+            rrf_k=args.rrf_k,
+            threshold=args.threshold,
+            filter=_json_arg(args.filter, "filter"),
+            group_by_doc=args.group_by_doc,
         )
     if args.json:
-        print(orjson.dumps({"route": result.route, "hits": [h.__dict__ for h in result.hits],
-                            "diagnostics": result.diagnostics}).decode())
+        print(
+            orjson.dumps(
+                {
+                    "route": result.route,
+                    "hits": [h.__dict__ for h in result.hits],
+                    "diagnostics": result.diagnostics,
+                }
+            ).decode()
+        )
         return
     if not result.hits:
         counts = result.diagnostics.get("parameters", {})
-        print(f"not found (raw {counts.get('raw_result_count')}, removed by threshold {counts.get('filtered_count')})")
+        print(
+            f"not found (raw {counts.get('raw_result_count')}, removed by threshold {counts.get('filtered_count')})"
+        )
     for h in result.hits:
         dist = "-" if h.distance is None else f"{h.distance:.3f}"
         bm25 = "-" if h.bm25_score is None else f"{h.bm25_score:.2f}"
@@ -167,13 +212,24 @@ def cmd_eval(args: argparse.Namespace) -> None:
             result = evaluate(
                 lambda text, mode=mode: [  # type: ignore[misc]
                     (h.id, h.score)
-                    for h in retrieve(conn, args.source, text, mode=mode, top_k=100, threshold=args.threshold,
-                                      group_by_doc=True).hits
+                    for h in retrieve(
+                        conn,
+                        args.source,
+                        text,
+                        mode=mode,
+                        top_k=100,
+                        threshold=args.threshold,
+                        group_by_doc=True,
+                    ).hits
                 ],
-                queries, qrels, progress=not args.no_progress,
+                queries,
+                qrels,
+                progress=not args.no_progress,
             )
-            print(f"{mode:8} nDCG@10 {result.ndcg10:.4f}  Recall@100 {result.recall100:.4f}  "
-                  f"queries {result.queries}  p50 {result.percentile(50):.1f} ms (including query embedding)")
+            print(
+                f"{mode:8} nDCG@10 {result.ndcg10:.4f}  Recall@100 {result.recall100:.4f}  "
+                f"queries {result.queries}  p50 {result.percentile(50):.1f} ms (including query embedding)"
+            )
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -187,7 +243,9 @@ def cmd_check(args: argparse.Namespace) -> None:
             return
         print(f"{args.source}: mismatches: " + ", ".join(f"{k} {v}" for k, v in bad.items()))
         if not args.repair:
-            raise AgentDBError("the lexical index does not match the documents", hint="run again with --repair")
+            raise AgentDBError(
+                "the lexical index does not match the documents", hint="run again with --repair"
+            )
         run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": args.source})
         rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
@@ -203,14 +261,25 @@ def cmd_principal_create(args: argparse.Namespace) -> None:
 
     with _connect(args) as conn:
         principal, key = create_principal(
-            conn, args.name, tables=_names(args.tables) or [], row_filter=_json_arg(args.row_filter, "row_filter"),
-            fields=_names(args.fields), tools=_names(args.tools) or [],
+            conn,
+            args.name,
+            tables=_names(args.tables) or [],
+            row_filter=_json_arg(args.row_filter, "row_filter"),
+            fields=_names(args.fields),
+            tools=_names(args.tools) or [],
         )
-    fields = "all fields" if principal.fields is None else "fields " + (", ".join(principal.fields) or "(none)")
-    print(f"created principal {principal.name}: tables {', '.join(principal.tables) or '(none)'}; {fields}; "
-          f"tools {', '.join(sorted(principal.tools))}; database role {principal.role}", file=sys.stderr)
-    print("its API key follows; it is shown only this once (send it as `Authorization: Bearer <key>`):",
-          file=sys.stderr)
+    fields = (
+        "all fields" if principal.fields is None else "fields " + (", ".join(principal.fields) or "(none)")
+    )
+    print(
+        f"created principal {principal.name}: tables {', '.join(principal.tables) or '(none)'}; {fields}; "
+        f"tools {', '.join(sorted(principal.tools))}; database role {principal.role}",
+        file=sys.stderr,
+    )
+    print(
+        "its API key follows; it is shown only this once (send it as `Authorization: Bearer <key>`):",
+        file=sys.stderr,
+    )
     print(key)
 
 
@@ -229,8 +298,10 @@ def cmd_principal_list(args: argparse.Namespace) -> None:
     for p in found:
         fields = "(all)" if p.fields is None else ",".join(p.fields) or "(none)"
         row_filter = "(none)" if p.row_filter is None else orjson.dumps(p.row_filter).decode()
-        print(f"{p.name:20} {','.join(p.tables) or '(none)':24} {fields:20} {','.join(sorted(p.tools)):28} "
-              f"{row_filter}")
+        print(
+            f"{p.name:20} {','.join(p.tables) or '(none)':24} {fields:20} {','.join(sorted(p.tools)):28} "
+            f"{row_filter}"
+        )
 
 
 def cmd_principal_delete(args: argparse.Namespace) -> None:
@@ -261,8 +332,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
         else:
-            print(f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; "
-                  "embedding takes a few minutes on a laptop CPU, once", file=sys.stderr)
+            print(
+                f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; "
+                "embedding takes a few minutes on a laptop CPU, once",
+                file=sys.stderr,
+            )
             report = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
             print(report.summary(), file=sys.stderr)
     if not args.no_serve:
@@ -270,18 +344,24 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="embedded server data directory (default ./.agentdb, env AGENTDB_DATA_DIR); "
-                        "ignored when DATABASE_URL is set")
+    parser.add_argument(
+        "--data-dir",
+        help="embedded server data directory (default ./.agentdb, env AGENTDB_DATA_DIR); "
+        "ignored when DATABASE_URL is set",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="agentdb", description="A retrieval agent that lives inside PostgreSQL. "
+        prog="agentdb",
+        description="A retrieval agent that lives inside PostgreSQL. "
         "Uses DATABASE_URL when set, else an embedded PostgreSQL in --data-dir.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable[[argparse.Namespace], None], help_text: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p)
         p.set_defaults(func=func)
@@ -297,7 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-serve", action="store_true", help="load the demo corpus and exit")
 
     command("migrate", cmd_migrate, "apply pending migrations and re-apply the stored functions")
-    command("db-url", cmd_db_url, "print a URL psql can use (starts the embedded server and leaves it running)")
+    command(
+        "db-url", cmd_db_url, "print a URL psql can use (starts the embedded server and leaves it running)"
+    )
     p = command("sources", cmd_sources, "list the sources with their counts and fields")
     p.add_argument("--json", action="store_true")
 
@@ -320,7 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", required=True)
     p.add_argument("--schema", default="public")
     p.add_argument("--id-column", required=True)
-    p.add_argument("--text-column", action="append", required=True, help="a searched text column (repeatable)")
+    p.add_argument(
+        "--text-column", action="append", required=True, help="a searched text column (repeatable)"
+    )
     p.add_argument("--ts-config", default="english")
     p.add_argument("--no-progress", action="store_true")
 
@@ -330,7 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"])
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--rrf-k", type=int, default=60)
-    p.add_argument("--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none")
+    p.add_argument(
+        "--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none"
+    )
     p.add_argument("--filter", help='metadata filter as JSON, e.g. \'{"year": {"$gte": 2020}}\'')
     p.add_argument("--group-by-doc", action="store_true", help="best chunk per document")
     p.add_argument("--json", action="store_true")
@@ -351,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("principal", help=help_text, description=help_text)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    def action(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+    def action(
+        name: str, func: Callable[[argparse.Namespace], None], help_text: str
+    ) -> argparse.ArgumentParser:
         q = actions.add_parser(name, help=help_text, description=help_text)
         _add_common(q)
         q.set_defaults(func=func)
@@ -361,10 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name")
     q.add_argument("--tables", help="comma-separated sources it may read, e.g. docs,faq")
     q.add_argument("--row-filter", help='a filter ANDed into every read, e.g. \'{"tenant": "acme"}\'')
-    q.add_argument("--fields", help="comma-separated fields it may see (title, text, metadata fields); "
-                   "default all")
-    q.add_argument("--tools", default="search", help="comma-separated: search, tree_search, graph_search, memory "
-                   "(default search)")
+    q.add_argument(
+        "--fields", help="comma-separated fields it may see (title, text, metadata fields); default all"
+    )
+    q.add_argument(
+        "--tools",
+        default="search",
+        help="comma-separated: search, tree_search, graph_search, memory (default search)",
+    )
     q = action("list", cmd_principal_list, "list the principals (keys are never shown)")
     q.add_argument("--json", action="store_true")
     q = action("delete", cmd_principal_delete, "delete a principal; its key stops working at once")
@@ -385,8 +477,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentdb: error {exc.code} {exc.name}: {exc.message}{where}{hint}", file=sys.stderr)
         return 2
     except psycopg.OperationalError as exc:
-        print(f"agentdb: error: cannot reach the database: {str(exc).strip().splitlines()[0]}; "
-              "check DATABASE_URL or --data-dir", file=sys.stderr)
+        print(
+            f"agentdb: error: cannot reach the database: {str(exc).strip().splitlines()[0]}; "
+            "check DATABASE_URL or --data-dir",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

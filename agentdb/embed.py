@@ -54,7 +54,10 @@ class MiniLMEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:  # the model is not re-entrant across threads
             vectors = self._model.encode(
-                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                texts,
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
                 show_progress_bar=False,
             )
         return np.asarray(vectors, dtype=np.float32)
@@ -63,7 +66,9 @@ class MiniLMEmbedder:
         # The fast tokenizer keeps its padding/truncation settings per call: a concurrent `embed` would
         # see them changed under it ("Unable to create tensor"), so the tokenizer shares the model's lock.
         with self._lock:
-            encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            encoded = self._tokenizer(
+                text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+            )
         return [(int(a), int(b)) for a, b in encoded["offset_mapping"]]
 
 

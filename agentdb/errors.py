@@ -24,7 +24,12 @@ class AgentDBError(Exception):
         self.hint = hint
 
     def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "name": self.name, "message": self.message, "path": self.path}
+        body: dict[str, Any] = {
+            "code": self.code,
+            "name": self.name,
+            "message": self.message,
+            "path": self.path,
+        }
         if self.hint:
             body["hint"] = self.hint
         return body

@@ -76,7 +76,11 @@ class Evaluation:
 
 
 def evaluate(
-    search: Callable[[str], list[tuple[str, float]]], queries: dict[str, str], qrels: Qrels, *, progress: bool = True
+    search: Callable[[str], list[tuple[str, float]]],
+    queries: dict[str, str],
+    qrels: Qrels,
+    *,
+    progress: bool = True,
 ) -> Evaluation:
     """Run `search` (query text -> ranked (doc id, score) chunk hits) for every judged query."""
     run: Run = {}

@@ -84,7 +84,9 @@ def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any
         if key in STRUCTURAL:
             raise ParamNotMutable(f"{key!r} is structural: it is fixed when the agent is created", path=key)
         if key not in MUTABLE:
-            raise InvalidParamValue(f"unknown parameter {key!r}; mutable ones: {', '.join(MUTABLE)}", path=key)
+            raise InvalidParamValue(
+                f"unknown parameter {key!r}; mutable ones: {', '.join(MUTABLE)}", path=key
+            )
     merged = {**current.model_dump(include=set(MUTABLE)), **changes}
     try:
         params = RetrieveParams(**merged)
@@ -104,5 +106,8 @@ def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any
 
 
 def delete_agent(conn: psycopg.Connection[Any], name: str) -> None:
-    if conn.execute("delete from agentdb.saved_agents where name = %s returning name", (name,)).fetchone() is None:
+    if (
+        conn.execute("delete from agentdb.saved_agents where name = %s returning name", (name,)).fetchone()
+        is None
+    ):
         raise InvalidAgentId(f"unknown agent {name!r}", path="name")

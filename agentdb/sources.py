@@ -152,8 +152,11 @@ def list_sources(conn: psycopg.Connection[Any]) -> list[Source]:
 
 
 def _check_ts_config(conn: psycopg.Connection[Any], ts_config: str) -> None:
-    row = conn.execute("select to_regclass('pg_catalog.pg_ts_config') is not null,"
-                       " exists(select 1 from pg_ts_config where cfgname = %s)", (ts_config,)).fetchone()
+    row = conn.execute(
+        "select to_regclass('pg_catalog.pg_ts_config') is not null,"
+        " exists(select 1 from pg_ts_config where cfgname = %s)",
+        (ts_config,),
+    ).fetchone()
     if not row or not row[1]:
         raise InvalidParamValue(f"unknown text search configuration {ts_config!r}", path="ts_config")
 
@@ -221,11 +224,20 @@ def create_document_source(
         source_id = _insert_source(
             conn,
             {
-                "name": name, "kind": "documents", "table_schema": DOCS_SCHEMA, "table_name": name,
-                "id_column": "doc_id", "text_columns": ["title", "text"],
-                "fields": Jsonb([f.model_dump() for f in fields]), "embedding_model": embedding_model,
-                "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
-                "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                "name": name,
+                "kind": "documents",
+                "table_schema": DOCS_SCHEMA,
+                "table_name": name,
+                "id_column": "doc_id",
+                "text_columns": ["title", "text"],
+                "fields": Jsonb([f.model_dump() for f in fields]),
+                "embedding_model": embedding_model,
+                "embedding_dim": embedding_dim,
+                "ts_config": ts_config,
+                "bm25_k1": bm25_k1,
+                "bm25_b": bm25_b,
+                "chunk_size": chunk_size,
+                "chunk_overlap": chunk_overlap,
             },
         )
         source = get_source(conn, name)
@@ -286,7 +298,9 @@ def reflect_columns(url: str, schema: str, table: str) -> list[dict[str, Any]]:
     """The table's columns as SQLAlchemy reflects them (name, type, nullable)."""
     import pgvector.sqlalchemy  # noqa: F401 - teaches the reflection the vector types (no "did not recognize")
 
-    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=sa.NullPool)
+    engine = sa.create_engine(
+        "postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=sa.NullPool
+    )
     try:
         inspector = sa.inspect(engine)
         if not inspector.has_table(table, schema=schema):
@@ -319,10 +333,13 @@ def register_table(
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
     if "agentdb_tsv" in columns:
         raise StorageKindMismatch(
-            f"table {schema}.{table} is already registered (it has agentdb's columns)", path="table",
+            f"table {schema}.{table} is already registered (it has agentdb's columns)",
+            path="table",
             hint="drop the source that registered it first",
         )
-    for path, column in [("id_column", id_column)] + [(f"text_columns[{i}]", c) for i, c in enumerate(text_columns)]:
+    for path, column in [("id_column", id_column)] + [
+        (f"text_columns[{i}]", c) for i, c in enumerate(text_columns)
+    ]:
         if column not in columns:
             raise InvalidParamValue(f"table {schema}.{table} has no column {column!r}", path=path)
     for i, column in enumerate(text_columns):
@@ -345,11 +362,20 @@ def register_table(
         _insert_source(
             conn,
             {
-                "name": name, "kind": "table", "table_schema": schema, "table_name": table,
-                "id_column": id_column, "text_columns": text_columns,
-                "fields": Jsonb([f.model_dump() for f in fields]), "embedding_model": embedding_model,
-                "embedding_dim": embedding_dim, "ts_config": ts_config, "bm25_k1": bm25_k1, "bm25_b": bm25_b,
-                "chunk_size": 256, "chunk_overlap": 32,
+                "name": name,
+                "kind": "table",
+                "table_schema": schema,
+                "table_name": table,
+                "id_column": id_column,
+                "text_columns": text_columns,
+                "fields": Jsonb([f.model_dump() for f in fields]),
+                "embedding_model": embedding_model,
+                "embedding_dim": embedding_dim,
+                "ts_config": ts_config,
+                "bm25_k1": bm25_k1,
+                "bm25_b": bm25_b,
+                "chunk_size": 256,
+                "chunk_overlap": 32,
             },
         )
         source = get_source(conn, name)
@@ -362,7 +388,9 @@ def register_table(
                 " add column agentdb_chunk_id bigint generated always as identity unique,"
                 " add column agentdb_embedding vector({dim}),"
                 " add column agentdb_tsv tsvector generated always as (to_tsvector({cfg}::regconfig, {doc})) stored"
-            ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config), doc=document)
+            ).format(
+                table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config), doc=document
+            )
         )
         # A changed text makes the stored embedding stale: clear it so `embed_missing` recomputes it.
         conn.execute(
@@ -386,7 +414,9 @@ def add_fields(conn: psycopg.Connection[Any], source: Source, new_fields: list[F
     with conn.transaction():
         # Merge with the fields as stored now, under a row lock: a concurrent ingestion may have added some
         # since `source` was read, and a plain overwrite would lose them.
-        row = conn.execute("select fields from agentdb.sources where id = %s for no key update", (source.id,)).fetchone()
+        row = conn.execute(
+            "select fields from agentdb.sources where id = %s for no key update", (source.id,)
+        ).fetchone()
         current = [FieldSpec.model_validate(f) for f in (row[0] if row else [])]
         known = {f.name: f for f in current}
         for f in new_fields:
@@ -411,11 +441,20 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
         if source.kind == "documents":
             conn.execute(sql.SQL("drop table {}").format(source.table))
         else:
-            for trigger in ("agentdb_lex_insert", "agentdb_lex_delete", "agentdb_lex_update",
-                            "agentdb_lex_truncate", "agentdb_stale_embedding"):
-                conn.execute(sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(trigger), source.table))
+            for trigger in (
+                "agentdb_lex_insert",
+                "agentdb_lex_delete",
+                "agentdb_lex_update",
+                "agentdb_lex_truncate",
+                "agentdb_stale_embedding",
+            ):
+                conn.execute(
+                    sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(trigger), source.table)
+                )
             conn.execute(
-                sql.SQL("alter table {} drop column agentdb_tsv, drop column agentdb_embedding,"
-                        " drop column agentdb_chunk_id").format(source.table)
+                sql.SQL(
+                    "alter table {} drop column agentdb_tsv, drop column agentdb_embedding,"
+                    " drop column agentdb_chunk_id"
+                ).format(source.table)
             )
         conn.execute("delete from agentdb.sources where id = %s", (source.id,))

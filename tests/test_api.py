@@ -30,8 +30,13 @@ def test_healthz_checks_the_database(client: TestClient) -> None:
 
 def test_sources_lists_registered_sources(client: TestClient, conn: Any) -> None:
     assert client.get("/sources").json() == []
-    create_document_source(conn, "notes", embedding_model="all-MiniLM-L6-v2", embedding_dim=384,
-                           fields=[FieldSpec(name="year", type="int")])
+    create_document_source(
+        conn,
+        "notes",
+        embedding_model="all-MiniLM-L6-v2",
+        embedding_dim=384,
+        fields=[FieldSpec(name="year", type="int")],
+    )
     conn.execute("insert into agentdb_docs.notes (doc_id, chunk, text) values ('a', 0, 'x'), ('a', 1, 'y')")
     [source] = client.get("/sources").json()
     assert source["name"] == "notes" and source["documents"] == 1 and source["chunks"] == 2
@@ -41,9 +46,15 @@ def test_sources_lists_registered_sources(client: TestClient, conn: Any) -> None
 def test_errors_use_the_envelope(client: TestClient) -> None:
     response = client.get("/sources/nosuch")
     assert response.status_code == 404
-    assert response.json() == {"error": {
-        "code": 3010, "name": "StorageFileNotFound", "message": "unknown source 'nosuch'", "path": "source",
-        "hint": "list the sources with `agentdb sources`"}}
+    assert response.json() == {
+        "error": {
+            "code": 3010,
+            "name": "StorageFileNotFound",
+            "message": "unknown source 'nosuch'",
+            "path": "source",
+            "hint": "list the sources with `agentdb sources`",
+        }
+    }
     response = client.get("/no/such/route")
     assert response.status_code == 404 and response.json()["error"]["code"] == 1404
 
@@ -80,7 +91,9 @@ def test_a_fresh_database_is_migrated_and_writable(server_url: str, embedder: An
         admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
     try:
         with TestClient(create_app(Settings(database_url=make_conninfo(server_url, dbname=name)))) as client:
-            response = client.post("/sources/notes/documents", json=[{"_id": "a", "text": "vector types work"}])
+            response = client.post(
+                "/sources/notes/documents", json=[{"_id": "a", "text": "vector types work"}]
+            )
             assert response.status_code == 200 and response.json()["chunks"] == 1
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:

@@ -32,7 +32,9 @@ def test_embedded_server_reuses_its_data_directory() -> None:
 
 def test_migrations_are_recorded_and_idempotent(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        recorded = conn.execute("select version, name from agentdb.schema_migrations order by version").fetchall()
+        recorded = conn.execute(
+            "select version, name from agentdb.schema_migrations order by version"
+        ).fetchall()
         assert recorded == [(m.version, m.name) for m in discover()]
         tables_before = conn.execute(
             "select count(*) from pg_tables where schemaname like 'agentdb%'"
@@ -40,9 +42,10 @@ def test_migrations_are_recorded_and_idempotent(db_url: str) -> None:
         conn.commit()
         assert migrate(conn) == []
         assert conn.execute("select count(*) from agentdb.schema_migrations").fetchone() == (len(recorded),)
-        assert conn.execute(
-            "select count(*) from pg_tables where schemaname like 'agentdb%'"
-        ).fetchone() == tables_before
+        assert (
+            conn.execute("select count(*) from pg_tables where schemaname like 'agentdb%'").fetchone()
+            == tables_before
+        )
 
 
 def test_concurrent_migrators_wait_for_each_other(server_url: str) -> None:
@@ -85,7 +88,9 @@ def test_concurrent_migrators_wait_for_each_other(server_url: str) -> None:
         (160002, "0.8.0", "0.5.1", "pgvector 0.5.1 is too old"),
     ],
 )
-def test_missing_or_old_pgvector_is_a_clear_error(server: int, available: Any, installed: Any, message: str) -> None:
+def test_missing_or_old_pgvector_is_a_clear_error(
+    server: int, available: Any, installed: Any, message: str
+) -> None:
     with pytest.raises(DatabaseSetupError, match=message) as caught:
         check_server(server, available, installed)
     assert caught.value.hint

@@ -341,7 +341,9 @@ def test_resolve_model_builds_the_anthropic_provider_with_settings() -> None:
     assert named.name == "claude-haiku-4-5"
     # Without a transport of its own, one client per configuration is shared (its connection pool too).
     shared = resolve_model({"provider": "anthropic"}, settings)
-    assert shared is resolve_model(None, settings) and shared is not resolve_model({"model": "claude-x"}, settings)
+    assert shared is resolve_model(None, settings) and shared is not resolve_model(
+        {"model": "claude-x"}, settings
+    )
     assert isinstance(shared, AnthropicModel) and shared.base_url == "https://proxy.example.test/anthropic"
 
 

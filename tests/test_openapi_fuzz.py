@@ -18,10 +18,13 @@ from agentdb.config import Settings
 def test_every_operation_survives_generated_requests(db_url: str, embedder: Any) -> None:
     app = create_app(Settings(database_url=db_url))
     with TestClient(app) as client:  # runs the lifespan: pool, migrations
-        client.post("/sources/docs/documents", json=[
-            {"_id": "a", "title": "Backups", "text": "Archive the write-ahead log.", "team": "red"},
-            {"_id": "b", "title": "Vacuum", "text": "Reclaim dead tuples.", "team": "blue"},
-        ])
+        client.post(
+            "/sources/docs/documents",
+            json=[
+                {"_id": "a", "title": "Backups", "text": "Archive the write-ahead log.", "team": "red"},
+                {"_id": "b", "title": "Vacuum", "text": "Reclaim dead tuples.", "team": "blue"},
+            ],
+        )
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 10
@@ -33,7 +36,9 @@ def test_every_operation_survives_generated_requests(db_url: str, embedder: Any)
             def check(case: Any) -> None:
                 # Schema-valid requests may still be rejected for what a schema cannot say (an unknown
                 # source, a filter on an unknown field): those are documented 4xx answers, not failures.
-                statuses.append(case.call_and_validate(excluded_checks=[positive_data_acceptance]).status_code)
+                statuses.append(
+                    case.call_and_validate(excluded_checks=[positive_data_acceptance]).status_code
+                )
 
             check()
         assert len(statuses) >= 10 * len(operations) and max(statuses) < 500

@@ -13,13 +13,41 @@ from agentdb.api import create_app
 from agentdb.config import Settings
 
 RUNBOOKS = [
-    {"_id": "deploy", "title": "Deployment guide", "text": "Roll out a release with blue green deployment and a rollback plan.", "status": "published", "year": 2024},
-    {"_id": "backup", "title": "Backups", "text": "Take base backups and archive the write-ahead log for point in time recovery.", "status": "published", "year": 2022},
-    {"_id": "restore", "title": "Restore drill", "text": "Recovery drill: restore the latest backup to a scratch server and replay WAL.", "status": "draft", "year": 2023},
-    {"_id": "oncall", "title": "On-call", "text": "Page the on-call engineer when the error budget burns too fast.", "status": "published", "year": 2021},
+    {
+        "_id": "deploy",
+        "title": "Deployment guide",
+        "text": "Roll out a release with blue green deployment and a rollback plan.",
+        "status": "published",
+        "year": 2024,
+    },
+    {
+        "_id": "backup",
+        "title": "Backups",
+        "text": "Take base backups and archive the write-ahead log for point in time recovery.",
+        "status": "published",
+        "year": 2022,
+    },
+    {
+        "_id": "restore",
+        "title": "Restore drill",
+        "text": "Recovery drill: restore the latest backup to a scratch server and replay WAL.",
+        "status": "draft",
+        "year": 2023,
+    },
+    {
+        "_id": "oncall",
+        "title": "On-call",
+        "text": "Page the on-call engineer when the error budget burns too fast.",
+        "status": "published",
+        "year": 2021,
+    },
 ]
 NOTES = [
-    {"_id": "n1", "title": "Recovery notes", "text": "Point in time recovery needs every WAL segment since the base backup."},
+    {
+        "_id": "n1",
+        "title": "Recovery notes",
+        "text": "Point in time recovery needs every WAL segment since the base backup.",
+    },
     {"_id": "n2", "title": "Lunch", "text": "The canteen serves soup on Fridays."},
 ]
 
@@ -29,8 +57,9 @@ def client(db_url: str, embedder: Any) -> Iterator[TestClient]:
     with TestClient(create_app(Settings(database_url=db_url))) as test_client:
         assert test_client.post("/sources/runbooks/documents", json=RUNBOOKS).status_code == 200
         ndjson = b"\n".join(orjson.dumps(n) for n in NOTES)
-        response = test_client.post("/sources/notes/documents", content=ndjson,
-                                    headers={"content-type": "application/x-ndjson"})
+        response = test_client.post(
+            "/sources/notes/documents", content=ndjson, headers={"content-type": "application/x-ndjson"}
+        )
         assert response.json()["documents"] == 2
         yield test_client
 
@@ -42,13 +71,27 @@ def ask(client: TestClient, **body: Any) -> Any:
 
 
 def test_response_schema_and_inferred_modes(client: TestClient) -> None:
-    body = ask(client, queries=[{"table": "runbooks", "semantic_search": "recover from a backup",
-                                 "full_text_search": "backup recovery", "limit": 3}], diagnostics=True)
+    body = ask(
+        client,
+        queries=[
+            {
+                "table": "runbooks",
+                "semantic_search": "recover from a backup",
+                "full_text_search": "backup recovery",
+                "limit": 3,
+            }
+        ],
+        diagnostics=True,
+    )
     assert set(body) >= {"hits", "status", "steps", "route", "usage", "debug_info"}
     assert body["status"] == "completed" and body["route"] == "found"
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
     [step] = body["steps"]
-    assert step["status"] == "completed" and step["duration_ms"] > 0 and step["details"]["retrieval_mode"] == "hybrid"
+    assert (
+        step["status"] == "completed"
+        and step["duration_ms"] > 0
+        and step["details"]["retrieval_mode"] == "hybrid"
+    )
     hit = body["hits"][0]
     assert set(hit) == {"_id", "_score", "_source", "_table", "_chunk", "_chunks", "_index_scores"}
     assert hit["_chunks"] == [0]  # expand_window 3 by default; these documents have one chunk
@@ -57,41 +100,72 @@ def test_response_schema_and_inferred_modes(client: TestClient) -> None:
     params = body["debug_info"]["queries"][0]["parameters"]
     assert params["retrieval_mode"] == "hybrid" and params["result_count"] == len(body["hits"])
     lexical = ask(client, queries=[{"table": "runbooks", "full_text_search": {"match": "rollback"}}])
-    assert lexical["steps"][0]["details"]["retrieval_mode"] == "lexical" and lexical["hits"][0]["_id"] == "deploy"
+    assert (
+        lexical["steps"][0]["details"]["retrieval_mode"] == "lexical"
+        and lexical["hits"][0]["_id"] == "deploy"
+    )
     assert lexical["hits"][0]["_index_scores"]["distance"] is None
     dense = ask(client, queries=[{"table": "runbooks", "semantic_search": "who gets paged", "threshold": 0}])
     assert dense["steps"][0]["details"]["retrieval_mode"] == "dense" and dense["hits"][0]["_id"] == "oncall"
 
 
 def test_filters_projection_and_exclusion(client: TestClient) -> None:
-    body = ask(client, queries=[{
-        "table": "runbooks", "full_text_search": "backup recovery restore deployment",
-        "filter_query": {"term": "published", "field": "status"},
-        "exclusion_query": {"min": 2024, "field": "year", "inclusive_min": True},
-        "fields": ["title", "year"],
-    }])
+    body = ask(
+        client,
+        queries=[
+            {
+                "table": "runbooks",
+                "full_text_search": "backup recovery restore deployment",
+                "filter_query": {"term": "published", "field": "status"},
+                "exclusion_query": {"min": 2024, "field": "year", "inclusive_min": True},
+                "fields": ["title", "year"],
+            }
+        ],
+    )
     assert [h["_id"] for h in body["hits"]] == ["backup"]
     assert body["hits"][0]["_source"] == {"title": "Backups", "year": 2022}
-    bad = client.post("/agents/retrieval", json={"query": "x", "queries": [
-        {"table": "runbooks", "full_text_search": "x", "filter": {"$or": [{"year": 1}, {"year": "new"}]}}]})
+    bad = client.post(
+        "/agents/retrieval",
+        json={
+            "query": "x",
+            "queries": [
+                {
+                    "table": "runbooks",
+                    "full_text_search": "x",
+                    "filter": {"$or": [{"year": 1}, {"year": "new"}]},
+                }
+            ],
+        },
+    )
     assert bad.status_code == 400
     assert bad.json()["error"]["code"] == 3007 and bad.json()["error"]["path"] == "filter.$or[1].year"
-    unknown = client.post("/agents/retrieval", json={"query": "x", "queries": [
-        {"table": "runbooks", "full_text_search": "x", "fields": ["secret"]}]})
+    unknown = client.post(
+        "/agents/retrieval",
+        json={
+            "query": "x",
+            "queries": [{"table": "runbooks", "full_text_search": "x", "fields": ["secret"]}],
+        },
+    )
     assert unknown.status_code == 400 and unknown.json()["error"]["path"] == "fields[0]"
 
 
 def test_queries_merge_by_rrf_and_deduplicate(client: TestClient) -> None:
-    single = [ask(client, queries=[q])["hits"] for q in (
-        {"table": "runbooks", "full_text_search": "recovery backup WAL", "limit": 5},
-        {"table": "notes", "full_text_search": "recovery backup WAL", "limit": 5},
-        {"table": "runbooks", "semantic_search": "point in time recovery", "limit": 5},
-    )]
-    merged = ask(client, queries=[
-        {"table": "runbooks", "full_text_search": "recovery backup WAL", "limit": 5},
-        {"table": "notes", "full_text_search": "recovery backup WAL", "limit": 5},
-        {"table": "runbooks", "semantic_search": "point in time recovery", "limit": 5},
-    ])["hits"]
+    single = [
+        ask(client, queries=[q])["hits"]
+        for q in (
+            {"table": "runbooks", "full_text_search": "recovery backup WAL", "limit": 5},
+            {"table": "notes", "full_text_search": "recovery backup WAL", "limit": 5},
+            {"table": "runbooks", "semantic_search": "point in time recovery", "limit": 5},
+        )
+    ]
+    merged = ask(
+        client,
+        queries=[
+            {"table": "runbooks", "full_text_search": "recovery backup WAL", "limit": 5},
+            {"table": "notes", "full_text_search": "recovery backup WAL", "limit": 5},
+            {"table": "runbooks", "semantic_search": "point in time recovery", "limit": 5},
+        ],
+    )["hits"]
     expected: dict[tuple[str, str], float] = {}
     for hits in single:
         for rank, hit in enumerate(hits, start=1):
@@ -113,9 +187,17 @@ def _events(text: str) -> list[tuple[str, Any]]:
 
 
 def test_stream_event_order(client: TestClient) -> None:
-    response = client.post("/agents/retrieval", json={"query": "recover", "stream": True, "queries": [
-        {"table": "runbooks", "full_text_search": "backup", "limit": 2},
-        {"table": "notes", "full_text_search": "backup", "limit": 2}]})
+    response = client.post(
+        "/agents/retrieval",
+        json={
+            "query": "recover",
+            "stream": True,
+            "queries": [
+                {"table": "runbooks", "full_text_search": "backup", "limit": 2},
+                {"table": "notes", "full_text_search": "backup", "limit": 2},
+            ],
+        },
+    )
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     kinds = [k for k, _ in _events(response.text)]
     assert kinds[:4] == ["step_started", "step_completed", "step_started", "step_completed"]
@@ -124,9 +206,17 @@ def test_stream_event_order(client: TestClient) -> None:
 
 
 def test_stream_reports_errors_then_done(client: TestClient) -> None:
-    response = client.post("/agents/retrieval", json={"query": "recover", "stream": True, "queries": [
-        {"table": "runbooks", "full_text_search": "backup"},
-        {"table": "runbooks", "full_text_search": "backup", "filter": {"nope": 1}}]})
+    response = client.post(
+        "/agents/retrieval",
+        json={
+            "query": "recover",
+            "stream": True,
+            "queries": [
+                {"table": "runbooks", "full_text_search": "backup"},
+                {"table": "runbooks", "full_text_search": "backup", "filter": {"nope": 1}},
+            ],
+        },
+    )
     events = _events(response.text)
     kinds = [k for k, _ in events]
     assert kinds[-2:] == ["error", "done"] and "step_completed" in kinds
@@ -140,11 +230,15 @@ def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> N
         ({"steps": {"retrieval": {"navigation": {"strategy": "tree"}}}}, "steps.retrieval.navigation"),
     ]
     for extra, path in cases:
-        response = client.post("/agents/retrieval", json={"query": "x", "queries": [{"table": "runbooks"}], **extra})
+        response = client.post(
+            "/agents/retrieval", json={"query": "x", "queries": [{"table": "runbooks"}], **extra}
+        )
         assert response.status_code == 400 and response.json()["error"]["path"] == path
     too_many = client.post("/agents/retrieval", json={"query": "x", "queries": [{"table": "runbooks"}] * 9})
     assert too_many.status_code == 400 and too_many.json()["error"]["path"] == "queries"
-    big_limit = client.post("/agents/retrieval", json={"query": "x", "queries": [{"table": "runbooks", "limit": 1001}]})
+    big_limit = client.post(
+        "/agents/retrieval", json={"query": "x", "queries": [{"table": "runbooks", "limit": 1001}]}
+    )
     assert big_limit.status_code == 400 and big_limit.json()["error"]["path"] == "queries[0].limit"
     missing = client.post("/agents/retrieval", json={"queries": [{"table": "runbooks"}]})
     assert missing.status_code == 400 and missing.json()["error"]["path"] == "query"
@@ -154,24 +248,34 @@ def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> N
 
 def test_body_size_limit_is_413(db_url: str) -> None:
     with TestClient(create_app(Settings(database_url=db_url, max_body_bytes=1000))) as small:
-        response = small.post("/agents/retrieval", content=b"x" * 5000, headers={"content-type": "application/json"})
+        response = small.post(
+            "/agents/retrieval", content=b"x" * 5000, headers={"content-type": "application/json"}
+        )
         assert response.status_code == 413 and response.json()["error"]["code"] == 1413
 
 
 def test_statement_timeout_is_a_clear_error(db_url: str, client: TestClient) -> None:
     with TestClient(create_app(Settings(database_url=db_url, statement_timeout_ms=1))) as hasty:
-        response = hasty.post("/agents/retrieval", json={"query": "x", "queries": [
-            {"table": "runbooks", "semantic_search": "backup", "full_text_search": "backup"}]})
+        response = hasty.post(
+            "/agents/retrieval",
+            json={
+                "query": "x",
+                "queries": [{"table": "runbooks", "semantic_search": "backup", "full_text_search": "backup"}],
+            },
+        )
         assert response.status_code == 400 and response.json()["error"]["name"] == "StatementTimeout"
 
 
 def test_saved_agent_lifecycle(client: TestClient) -> None:
     created = client.post("/agents", json={"name": "recovery", "source": "runbooks"})
     assert created.status_code == 201
-    assert {k: created.json()[k] for k in ("retrieval_mode", "top_k", "threshold", "rrf_k", "filter", "input")} == {
-        "retrieval_mode": "dense", "top_k": 2, "threshold": 0.5, "rrf_k": 60, "filter": None, "input": ""}
+    assert {
+        k: created.json()[k] for k in ("retrieval_mode", "top_k", "threshold", "rrf_k", "filter", "input")
+    } == {"retrieval_mode": "dense", "top_k": 2, "threshold": 0.5, "rrf_k": 60, "filter": None, "input": ""}
     assert client.post("/agents", json={"name": "recovery", "source": "runbooks"}).status_code == 409
-    ok = client.patch("/agents/recovery", json={"filter": {"status": "draft"}, "retrieval_mode": "lexical", "top_k": 5})
+    ok = client.patch(
+        "/agents/recovery", json={"filter": {"status": "draft"}, "retrieval_mode": "lexical", "top_k": 5}
+    )
     assert ok.status_code == 200 and ok.json()["filter"] == {"status": "draft"}
     structural = client.patch("/agents/recovery", json={"source": "notes"})
     assert structural.status_code == 400 and structural.json()["error"]["code"] == 3006
@@ -181,7 +285,9 @@ def test_saved_agent_lifecycle(client: TestClient) -> None:
     run = client.post("/agents/recovery/run", json={"input": "restore backup recovery"})
     assert run.status_code == 200
     body = run.json()
-    assert body["route"] == "found" and [h["id"] for h in body["hits"]] == ["restore"]  # the draft filter held
+    assert body["route"] == "found" and [h["id"] for h in body["hits"]] == [
+        "restore"
+    ]  # the draft filter held
     assert client.get("/agents/recovery").json()["top_k"] == 5  # the rejected patch changed nothing
     empty = client.post("/agents/recovery/run", json={"input": ""}).json()
     assert empty["route"] == "not_found" and empty["diagnostics"]["output"]["results"] == []
@@ -192,7 +298,9 @@ def test_saved_agent_lifecycle(client: TestClient) -> None:
 
 def test_documents_are_transactional_over_http(client: TestClient) -> None:
     before = client.get("/sources/runbooks").json()
-    bad = client.post("/sources/runbooks/documents", json=[{"_id": "x", "text": "fine"}, {"_id": "y", "text": 3}])
+    bad = client.post(
+        "/sources/runbooks/documents", json=[{"_id": "x", "text": "fine"}, {"_id": "y", "text": 3}]
+    )
     assert bad.status_code == 400 and bad.json()["error"]["path"] == "body:1.text"
     assert client.get("/sources/runbooks").json() == before
     assert client.delete("/sources/runbooks/documents/oncall").status_code == 204

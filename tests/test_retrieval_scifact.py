@@ -39,7 +39,9 @@ def scifact(server_url: str, template_url: str, embedder: Any) -> Iterator[psyco
     name = "agentdb_test_scifact"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("create database {} template {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
+        admin.execute(
+            sql.SQL("create database {} template {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE))
+        )
     with psycopg.connect(make_conninfo(server_url, dbname=name), autocommit=True) as conn:
         configure(conn)
 
@@ -68,7 +70,9 @@ def _quality(conn: Any, judged: Any, mode: str) -> tuple[float, float]:
 
     def search(text: str) -> list[tuple[str, float]]:
         vector = None if mode == "lexical" else vectors[text]
-        hits = retrieve(conn, SOURCE, text, mode=mode, top_k=100, threshold=0, group_by_doc=True, query_embedding=vector)
+        hits = retrieve(
+            conn, SOURCE, text, mode=mode, top_k=100, threshold=0, group_by_doc=True, query_embedding=vector
+        )
         return [(h.id, h.score) for h in hits.hits]
 
     result = evaluate(search, queries, qrels, progress=False)
@@ -93,9 +97,7 @@ def _tsvector_counts(text: str) -> Counter[str]:
 
 def test_bm25_equals_an_independent_reference(scifact: Any, judged: Any) -> None:
     """Scores from the postings equal Okapi BM25 computed in Python from the raw tsvectors, to 1e-6."""
-    rows = scifact.execute(
-        "select doc_id, chunk, agentdb_tsv::text from agentdb_docs.scifact"
-    ).fetchall()
+    rows = scifact.execute("select doc_id, chunk, agentdb_tsv::text from agentdb_docs.scifact").fetchall()
     docs = {(d, c): _tsvector_counts(t) for d, c, t in rows}
     n = len(docs)
     avgdl = sum(sum(c.values()) for c in docs.values()) / n
@@ -104,9 +106,14 @@ def test_bm25_equals_an_independent_reference(scifact: Any, judged: Any) -> None
         df.update(counts.keys())
     k1, b = 1.2, 0.75
     rng = random.Random(7)
-    queries = rng.sample(list(judged[0].values()), 25) + ["p53 !!! (tumour) \"suppressor\": & | <-> ' ;--", "ß ü 中文 cell"]
+    queries = rng.sample(list(judged[0].values()), 25) + [
+        'p53 !!! (tumour) "suppressor": & | <-> \' ;--',
+        "ß ü 中文 cell",
+    ]
     for text in queries:
-        terms = {r[0] for r in scifact.execute("select lexeme from unnest(to_tsvector('english', %s))", (text,))}
+        terms = {
+            r[0] for r in scifact.execute("select lexeme from unnest(to_tsvector('english', %s))", (text,))
+        }
         expected = {}
         for key, counts in docs.items():
             score = 0.0
@@ -133,7 +140,9 @@ def test_hnsw_recall_against_exact_search(scifact: Any, judged: Any) -> None:
     found = 0
     for vector in vectors:
         exact = np.argsort(-(matrix @ vector))[:10]
-        hits = retrieve(scifact, SOURCE, "q", mode="dense", top_k=10, threshold=0, query_embedding=vector).hits
+        hits = retrieve(
+            scifact, SOURCE, "q", mode="dense", top_k=10, threshold=0, query_embedding=vector
+        ).hits
         found += len({keys[i] for i in exact} & {(h.id, h.chunk) for h in hits})
     recall = found / (10 * len(vectors))
     print(f"HNSW recall@10 vs exact: {recall:.4f}")
@@ -149,7 +158,13 @@ def test_selective_filter_still_returns_top_k(scifact: Any, judged: Any, mode: s
     assert 0.03 * 8993 < passing < 0.08 * 9100
     for text in list(judged[0].values())[:20]:
         result = retrieve(
-            scifact, SOURCE, text + " cell", mode=mode, top_k=20, threshold=0, filter={"bucket": 7},
+            scifact,
+            SOURCE,
+            text + " cell",
+            mode=mode,
+            top_k=20,
+            threshold=0,
+            filter={"bucket": 7},
             query_embedding=None if mode == "lexical" else judged[2][text],
         )
         assert len(result.hits) == 20
@@ -162,14 +177,18 @@ def test_threshold_semantics_per_mode(scifact: Any, judged: Any) -> None:
     dense = retrieve(scifact, SOURCE, text, mode="dense", top_k=50, threshold=0.45, query_embedding=vector)
     assert all(h.distance is not None and h.distance <= 0.45 for h in dense.hits)
     p = dense.diagnostics["parameters"]
-    assert p["raw_result_count"] == 50 and p["filtered_count"] == 50 - len(dense.hits) and p["threshold"] == 0.45
+    assert (
+        p["raw_result_count"] == 50 and p["filtered_count"] == 50 - len(dense.hits) and p["threshold"] == 0.45
+    )
     lexical = retrieve(scifact, SOURCE, text, mode="lexical", top_k=10, threshold=0.01)
     assert len(lexical.hits) == 10 and all(h.distance is None for h in lexical.hits)
     assert lexical.diagnostics["parameters"]["filtered_count"] == 0
     hybrid = retrieve(scifact, SOURCE, text, mode="hybrid", top_k=30, threshold=0.3, query_embedding=vector)
     hp = hybrid.diagnostics["parameters"]
     assert hp["dense_filtered_count"] > 0
-    assert any(h.distance is None and h.rank_sparse is not None for h in hybrid.hits)  # BM25-only pass ungated
+    assert any(
+        h.distance is None and h.rank_sparse is not None for h in hybrid.hits
+    )  # BM25-only pass ungated
     assert all(h.distance is None or h.distance <= 0.3 for h in hybrid.hits)
     unlimited = retrieve(scifact, SOURCE, text, mode="dense", top_k=5, threshold=0, query_embedding=vector)
     assert unlimited.diagnostics["parameters"]["threshold"] == "inf"
@@ -178,8 +197,12 @@ def test_threshold_semantics_per_mode(scifact: Any, judged: Any) -> None:
 def test_rrf_scores_and_deterministic_order(scifact: Any, judged: Any) -> None:
     text = list(judged[0].values())[3]
     vector = judged[2][text]
-    first = retrieve(scifact, SOURCE, text, mode="hybrid", top_k=40, threshold=0, rrf_k=10, query_embedding=vector)
-    again = retrieve(scifact, SOURCE, text, mode="hybrid", top_k=40, threshold=0, rrf_k=10, query_embedding=vector)
+    first = retrieve(
+        scifact, SOURCE, text, mode="hybrid", top_k=40, threshold=0, rrf_k=10, query_embedding=vector
+    )
+    again = retrieve(
+        scifact, SOURCE, text, mode="hybrid", top_k=40, threshold=0, rrf_k=10, query_embedding=vector
+    )
     assert first.hits == again.hits
     for hit in first.hits:
         expected = sum(1 / (10 + r) for r in (hit.rank_dense, hit.rank_sparse) if r is not None)
@@ -193,15 +216,39 @@ def test_sql_functions_equal_the_python_api(scifact: Any, judged: Any) -> None:
     text = list(judged[0].values())[5]
     vector = judged[2][text]
     for mode in ("dense", "lexical", "hybrid"):
-        api = retrieve(scifact, SOURCE, text, mode=mode, top_k=15, filter={"bucket": {"$lt": 10}},
-                       query_embedding=None if mode == "lexical" else vector)
+        api = retrieve(
+            scifact,
+            SOURCE,
+            text,
+            mode=mode,
+            top_k=15,
+            filter={"bucket": {"$lt": 10}},
+            query_embedding=None if mode == "lexical" else vector,
+        )
         rows = scifact.execute(
             "select id, chunk, rank, score, distance, bm25_score, rank_dense, rank_sparse, text, metadata"
             " from agentdb.search(%s, %s, %s, %s, 15, 60, 0.5, %s)",
-            (SOURCE, text, None if mode == "lexical" else vector, mode, psycopg.types.json.Jsonb({"bucket": {"$lt": 10}})),
+            (
+                SOURCE,
+                text,
+                None if mode == "lexical" else vector,
+                mode,
+                psycopg.types.json.Jsonb({"bucket": {"$lt": 10}}),
+            ),
         ).fetchall()
         assert rows == [
-            (h.id, h.chunk, h.rank, h.score, h.distance, h.bm25_score, h.rank_dense, h.rank_sparse, h.text, h.metadata)
+            (
+                h.id,
+                h.chunk,
+                h.rank,
+                h.score,
+                h.distance,
+                h.bm25_score,
+                h.rank_dense,
+                h.rank_sparse,
+                h.text,
+                h.metadata,
+            )
             for h in api.hits
         ]
     doc = api.hits[0].id

@@ -104,17 +104,42 @@ def run(
     model = None
     if step.enabled:  # resolved before retrieval: a missing key is a clear 400, not a half-run
         step.check_query(text, path="input")
-        model = UsageMeter(resolve_model(step.generator, http.app.state.settings, path="generation.generator"))
+        model = UsageMeter(
+            resolve_model(step.generator, http.app.state.settings, path="generation.generator")
+        )
     with read_scope(conn, caller):
         result = retrieve(
-            conn, agent.source, text, mode=agent.retrieval_mode, top_k=agent.top_k, rrf_k=agent.rrf_k,
-            threshold=agent.threshold, filter=agent.filter, row_filter=caller.row_filter if caller else None,
+            conn,
+            agent.source,
+            text,
+            mode=agent.retrieval_mode,
+            top_k=agent.top_k,
+            rrf_k=agent.rrf_k,
+            threshold=agent.threshold,
+            filter=agent.filter,
+            row_filter=caller.row_filter if caller else None,
             fields=list(caller.fields) if caller and caller.fields is not None else None,
         )
     answer = None
     if model is not None:
-        answer = generate(model, text, {agent.source: result.hits}, system_prompt=step.system_prompt,
-                          template=step.template, placement=step.placement, max_tokens=step.max_tokens).to_dict()
-    usage = model.usage.to_dict() if model is not None else {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
-    return RunResponse(route=result.route, hits=[h.__dict__ for h in result.hits], diagnostics=result.diagnostics,
-                       generation=answer, usage={k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")})
+        answer = generate(
+            model,
+            text,
+            {agent.source: result.hits},
+            system_prompt=step.system_prompt,
+            template=step.template,
+            placement=step.placement,
+            max_tokens=step.max_tokens,
+        ).to_dict()
+    usage = (
+        model.usage.to_dict()
+        if model is not None
+        else {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
+    )
+    return RunResponse(
+        route=result.route,
+        hits=[h.__dict__ for h in result.hits],
+        diagnostics=result.diagnostics,
+        generation=answer,
+        usage={k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")},
+    )

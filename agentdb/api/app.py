@@ -132,7 +132,12 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        body = {"code": 1000 + exc.status_code, "name": "HTTPError", "message": str(exc.detail), "path": request.url.path}
+        body = {
+            "code": 1000 + exc.status_code,
+            "name": "HTTPError",
+            "message": str(exc.detail),
+            "path": request.url.path,
+        }
         return envelope(body, exc.status_code, dict(exc.headers or {}))
 
     @app.exception_handler(psycopg.Error)
@@ -142,14 +147,26 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             mapped = DatabaseUnavailable("the database is unavailable; retry shortly")
         if mapped is None:
             log.error("database error on %s %s: %s", request.method, request.url.path, exc)
-            return envelope({"code": 1500, "name": "InternalError", "message": "internal error; see the server log",
-                             "path": None}, 500)
+            return envelope(
+                {
+                    "code": 1500,
+                    "name": "InternalError",
+                    "message": "internal error; see the server log",
+                    "path": None,
+                },
+                500,
+            )
         return await agentdb_error(request, mapped)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        body = {"code": 1500, "name": "InternalError", "message": "internal error; see the server log", "path": None}
+        body = {
+            "code": 1500,
+            "name": "InternalError",
+            "message": "internal error; see the server log",
+            "path": None,
+        }
         return envelope(body, 500)
 
     @app.get("/healthz", response_model=Health)
@@ -214,14 +231,22 @@ def guard_open_access(host: str, has_principals: bool) -> None:
 
 def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
     """The error envelope {"error": {"code", "name", "message", "path"}} as an orjson response."""
-    return Response(orjson.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json")
+    return Response(
+        orjson.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 def source_out(conn: psycopg.Connection[Any], s: Source) -> SourceOut:
     return SourceOut(
-        name=s.name, kind=s.kind, table=f"{s.table_schema}.{s.table_name}", text_columns=s.text_columns,
-        fields=s.fields, embedding_model=s.embedding_model, embedding_dim=s.embedding_dim,
-        ts_config=s.ts_config, **source_counts(conn, s),
+        name=s.name,
+        kind=s.kind,
+        table=f"{s.table_schema}.{s.table_name}",
+        text_columns=s.text_columns,
+        fields=s.fields,
+        embedding_model=s.embedding_model,
+        embedding_dim=s.embedding_dim,
+        ts_config=s.ts_config,
+        **source_counts(conn, s),
     )
 
 

@@ -19,7 +19,9 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
     settings = request.app.state.settings
     try:
         with request.app.state.pool.connection() as conn:
-            conn.execute("select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),))
+            conn.execute(
+                "select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),)
+            )
             yield conn
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
@@ -28,7 +30,8 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
 
 
 def principal(
-    request: Request, conn: psycopg.Connection[Any] = Depends(connection)  # noqa: B008
+    request: Request,
+    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
 ) -> Principal | None:
     """The authenticated principal, or None in local development (no principals defined, loopback bind)."""
     if not any_principals(conn):

@@ -43,9 +43,13 @@ def _records(body: bytes, content_type: str) -> list[Located]:
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                raise InvalidParamValue(f"line {number}: invalid JSON: {exc}", path=f"body:{number}") from None
+                raise InvalidParamValue(
+                    f"line {number}: invalid JSON: {exc}", path=f"body:{number}"
+                ) from None
             if not isinstance(record, dict):
-                raise InvalidParamValue(f"line {number}: a record must be a JSON object", path=f"body:{number}")
+                raise InvalidParamValue(
+                    f"line {number}: a record must be a JSON object", path=f"body:{number}"
+                )
             located.append(Located("body", number, record))
         return located
     try:
@@ -78,8 +82,11 @@ async def add_documents(
         ingest, conn, name, records, load_embedder(), skip_bad=skip_bad, progress=False
     )
     return IngestOut(
-        documents=report.documents, chunks=report.chunks, replaced=report.replaced,
-        skipped=[str(b) for b in report.skipped], new_fields=report.new_fields,
+        documents=report.documents,
+        chunks=report.chunks,
+        replaced=report.replaced,
+        skipped=[str(b) for b in report.skipped],
+        new_fields=report.new_fields,
     )
 
 
@@ -116,8 +123,15 @@ def get_document(
     query = sql.SQL(
         "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
         " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
-    ).format(doc=doc_id_sql, chunk=chunk_sql, title=title_sql, body=body_sql, meta=metadata_sql,
-             table=source.table, predicate=sql.SQL(predicate))
+    ).format(
+        doc=doc_id_sql,
+        chunk=chunk_sql,
+        title=title_sql,
+        body=body_sql,
+        meta=metadata_sql,
+        table=source.table,
+        predicate=sql.SQL(predicate),
+    )
     with read_scope(conn, caller):
         rows = conn.execute(query, {"doc_id": doc_id, "row_params": Jsonb(params)}).fetchall()
     if not rows:
@@ -145,7 +159,9 @@ def delete_document(
     _writer(caller, name)
     source = get_source(conn, name)
     if source.kind != "documents":
-        raise StorageKindMismatch(f"source {name!r} is a registered table: remove its rows in the table itself", path="source")
+        raise StorageKindMismatch(
+            f"source {name!r} is a registered table: remove its rows in the table itself", path="source"
+        )
     gone = conn.execute(
         sql.SQL("delete from {} where doc_id = %s returning doc_id").format(source.table), (doc_id,)
     ).fetchall()

@@ -25,7 +25,11 @@ def sse(kind: str, payload: Any) -> bytes:
 
 
 def _stream(
-    pool: ConnectionPool, request: agent.RetrievalRequest, caller: Principal | None, settings: Settings, plan: agent.Plan
+    pool: ConnectionPool,
+    request: agent.RetrievalRequest,
+    caller: Principal | None,
+    settings: Settings,
+    plan: agent.Plan,
 ) -> Iterator[bytes]:
     """Events as SSE on a connection of the stream's own (the request's is released when the handler
     returns); an error becomes an `error` event, and `done` always comes last."""
@@ -40,7 +44,10 @@ def _stream(
         import logging
 
         logging.getLogger(__name__).exception("retrieval stream failed")
-        yield sse("error", {"error": {"code": 1500, "name": "InternalError", "message": "internal error", "path": None}})
+        yield sse(
+            "error",
+            {"error": {"code": 1500, "name": "InternalError", "message": "internal error", "path": None}},
+        )
         yield sse("done", {"status": "failed", "route": "not_found"})
 
 
@@ -48,7 +55,9 @@ def _stream(
     "/agents/retrieval",
     response_model=agent.RetrievalResponse,
     response_model_exclude_none=False,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream is true"}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream is true"}
+    },
 )
 def retrieval(
     request: agent.RetrievalRequest,

@@ -36,7 +36,12 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float
     """Open a pool of autocommit connections on `url` (agentdb's `conn.transaction()` blocks are then real
     transactions); each connection is configured once when it is created."""
     pool = ConnectionPool(
-        url, min_size=min_size, max_size=max_size, timeout=timeout, configure=configure, open=False,
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=timeout,
+        configure=configure,
+        open=False,
         kwargs={"autocommit": True},
     )
     pool.open(wait=True, timeout=timeout)

@@ -14,7 +14,12 @@ from agentdb.sources import Source
 
 
 def embed_missing(
-    conn: psycopg.Connection[Any], source: Source, embedder: Embedder, *, batch_size: int = 64, progress: bool = True
+    conn: psycopg.Connection[Any],
+    source: Source,
+    embedder: Embedder,
+    *,
+    batch_size: int = 64,
+    progress: bool = True,
 ) -> int:
     """Embed every row whose `agentdb_embedding` is null; returns how many rows were filled."""
     check_model(source.embedding_model, embedder.model_name, source.name)
@@ -22,7 +27,9 @@ def embed_missing(
     if source.kind == "documents":
         text = sql.SQL("concat_ws(E'\\n', nullif(title, ''), text)")
     else:
-        text = sql.SQL("concat_ws(E'\\n', {})").format(sql.SQL(", ").join(sql.Identifier(c) for c in source.text_columns))
+        text = sql.SQL("concat_ws(E'\\n', {})").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in source.text_columns)
+        )
     count_row = conn.execute(
         sql.SQL("select count(*) from {} where agentdb_embedding is null").format(source.table)
     ).fetchone()

@@ -133,8 +133,11 @@ class _Schema:
         if spec is None:
             kind = _infer_type(value)
             if kind is None:
-                raise RowError(name, f"unsupported metadata value of type {type(value).__name__}; "
-                               "exclude the key with --exclude-field or flatten it")
+                raise RowError(
+                    name,
+                    f"unsupported metadata value of type {type(value).__name__}; "
+                    "exclude the key with --exclude-field or flatten it",
+                )
             spec = FieldSpec(name=name, type=kind, optional=True)
             self.fields[name] = self.new[name] = spec
         elif spec.type == "int" and isinstance(value, float) and not value.is_integer() and name in self.new:
@@ -241,9 +244,9 @@ def write_documents(
     """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole."""
     report = report or IngestReport()
     _check_embedder(source, documents, embedder)
-    copy = sql.SQL(
-        "copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin"
-    ).format(source.table)
+    copy = sql.SQL("copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin").format(
+        source.table
+    )
     delete = sql.SQL("delete from {} where doc_id = any(%s) returning doc_id").format(source.table)
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
     try:
@@ -253,7 +256,16 @@ def write_documents(
             texts: list[str] = []
             for doc in batch:
                 if doc.embedding is not None:
-                    rows.append((doc.doc_id, 0, doc.title, doc.text, Jsonb(doc.metadata), np.asarray(doc.embedding, dtype=np.float32)))
+                    rows.append(
+                        (
+                            doc.doc_id,
+                            0,
+                            doc.title,
+                            doc.text,
+                            Jsonb(doc.metadata),
+                            np.asarray(doc.embedding, dtype=np.float32),
+                        )
+                    )
                     continue
                 assert embedder is not None
                 for position, piece in enumerate(
@@ -328,8 +340,12 @@ def ingest(
         assert embedder is not None
         try:
             source = create_document_source(
-                conn, source_name, embedding_model=embedder.model_name, embedding_dim=embedder.dim,
-                chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+                conn,
+                source_name,
+                embedding_model=embedder.model_name,
+                embedding_dim=embedder.dim,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
             )
         except (StorageKindMismatch, psycopg.errors.UniqueViolation):
             # Another ingestion created it meanwhile: write into theirs (add_fields checks the field types).

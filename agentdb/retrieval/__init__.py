@@ -76,7 +76,9 @@ def retrieve(
 ) -> Result:
     """Search `source`; dense and hybrid modes embed `query` with the source's model unless a vector is given."""
     if mode not in ("dense", "lexical", "hybrid"):
-        raise InvalidParamValue(f"retrieval_mode must be dense, lexical or hybrid, not {mode!r}", path="retrieval_mode")
+        raise InvalidParamValue(
+            f"retrieval_mode must be dense, lexical or hybrid, not {mode!r}", path="retrieval_mode"
+        )
     model = None
     if mode != "lexical" and query_embedding is None and query.strip():
         src = get_source(conn, source)
@@ -90,11 +92,22 @@ def retrieve(
         " %(threshold)s, %(filter)s, %(model)s, %(group_by_doc)s, %(ef_search)s, %(candidates)s,"
         " %(row_filter)s, %(fields)s, null, %(filter_query)s, %(exclusion_query)s)",
         {
-            "source": source, "query": query, "embedding": vector, "mode": mode, "top_k": top_k,
-            "rrf_k": rrf_k, "threshold": threshold, "filter": _jsonb(filter),
-            "model": model, "group_by_doc": group_by_doc, "ef_search": ef_search, "candidates": candidates,
-            "row_filter": _jsonb(row_filter), "fields": fields,
-            "filter_query": _jsonb(filter_query), "exclusion_query": _jsonb(exclusion_query),
+            "source": source,
+            "query": query,
+            "embedding": vector,
+            "mode": mode,
+            "top_k": top_k,
+            "rrf_k": rrf_k,
+            "threshold": threshold,
+            "filter": _jsonb(filter),
+            "model": model,
+            "group_by_doc": group_by_doc,
+            "ef_search": ef_search,
+            "candidates": candidates,
+            "row_filter": _jsonb(row_filter),
+            "fields": fields,
+            "filter_query": _jsonb(filter_query),
+            "exclusion_query": _jsonb(exclusion_query),
         },
     )
     payload = rows[0][0]
