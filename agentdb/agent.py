@@ -21,7 +21,7 @@ from agentdb.deepening import DeepeningOptions, deepen
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue
 from agentdb.expansion import expand
-from agentdb.generation import GenerationStep, generate
+from agentdb.generation import GenerationResult, GenerationStep, generate
 from agentdb.llm import GeneratorSpec, Usage, UsageMeter, resolve_model
 from agentdb.retrieval import Hit, Mode, Result, retrieve
 from agentdb.sources import get_source
@@ -382,16 +382,26 @@ def _generate(
     knowledge: dict[str, list[dict[str, Any]]] = {}
     for hit in hits:
         knowledge.setdefault(hit["_table"], []).append(hit)
-    step = plan.generation
-    options = {
-        "system_prompt": step.system_prompt,
-        "template": step.template,
-        "placement": step.placement,
-        "max_tokens": step.max_tokens,
-    }
+    step, model = plan.generation, plan.generator
+
+    def ask(
+        cancel: threading.Event | None = None, on_text: Callable[[str], None] | None = None
+    ) -> GenerationResult:
+        return generate(
+            model,
+            request.query,
+            knowledge,
+            system_prompt=step.system_prompt,
+            template=step.template,
+            placement=step.placement,
+            max_tokens=step.max_tokens,
+            cancel=cancel,
+            on_text=on_text,
+        )
+
     started = time.perf_counter()
     if not stream:
-        answer = generate(plan.generator, request.query, knowledge, **options)  # type: ignore[arg-type]
+        answer = ask()
     else:
         deltas: queue.Queue[str | None] = queue.Queue()
         outcome: dict[str, Any] = {}
@@ -399,14 +409,7 @@ def _generate(
 
         def work() -> None:
             try:
-                outcome["answer"] = generate(
-                    plan.generator,
-                    request.query,
-                    knowledge,
-                    cancel=cancel,
-                    on_text=deltas.put,  # type: ignore[arg-type]
-                    **options,  # type: ignore[arg-type]
-                )
+                outcome["answer"] = ask(cancel, deltas.put)
             except BaseException as exc:  # handed to the generator thread below
                 outcome["error"] = exc
             finally:
