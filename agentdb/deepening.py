@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from agentdb.errors import InferenceFailed, InvalidParamValue
+from agentdb.errors import InferenceFailed, InvalidParamValue, parse_params
 from agentdb.generation import DOCUMENTS_TEMPLATE, render
 from agentdb.llm import Completion, GeneratorSpec, Message, Model, ToolSpec, Usage
 
@@ -76,12 +76,7 @@ class DeepeningOptions(BaseModel):
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None, path: str = "deepening") -> DeepeningOptions:
         """Validate a raw `deepening` object, reporting a bad field as 3007 with its JSON path."""
-        try:
-            return cls.model_validate(dict(data or {}))
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join([path, *(str(p) for p in error["loc"])])
-            raise InvalidParamValue(f"{where}: {error['msg']}", path=where) from None
+        return parse_params(cls, data, path)
 
 
 @dataclass(frozen=True)

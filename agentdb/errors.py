@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
 import orjson
+from pydantic import BaseModel, ValidationError
 
 # Stored functions raise agentdb errors with this SQLSTATE and a JSON detail {"code", "name", "path"}.
 DB_ERROR_SQLSTATE = "ADB00"
@@ -161,3 +163,20 @@ def from_db_error(exc: Exception) -> AgentDBError | None:
         detail = {}
     cls = ERRORS_BY_CODE.get(int(detail.get("code", 0)), AgentDBError)
     return cls(diag.message_primary or "error", path=detail.get("path"), hint=diag.message_hint)
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def parse_params(model: type[ModelT], data: Mapping[str, Any] | None, path: str) -> ModelT:
+    """Validate a raw parameter object, reporting its first bad field as 3007 with the field's JSON path."""
+    try:
+        return model.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = (
+            ".".join([path, *(str(p) for p in error["loc"])])
+            if path
+            else ".".join(str(p) for p in error["loc"])
+        )
+        raise InvalidParamValue(f"{where}: {error['msg']}", path=where) from None

@@ -39,9 +39,9 @@ from typing import Any, Literal
 
 import chevron
 from chevron.tokenizer import ChevronError, tokenize
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentdb.errors import InvalidParamValue
+from agentdb.errors import InvalidParamValue, parse_params
 from agentdb.llm import DEFAULT_MAX_TOKENS, GeneratorSpec, Message, Model, TextCallback, Usage
 
 Placement = Literal["before_user_as_system", "before_user_as_user", "after_user", "in_place"]
@@ -220,12 +220,7 @@ class GenerationStep(BaseModel):
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None, path: str = "steps.generation") -> GenerationStep:
         """Validate a raw `steps.generation` object, reporting a bad field as 3007 with its JSON path."""
-        try:
-            return cls.model_validate(dict(data or {}))
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join([path, *(str(p) for p in error["loc"])])
-            raise InvalidParamValue(f"{where}: {error['msg']}", path=where) from None
+        return parse_params(cls, data, path)
 
     def check_query(self, query: str, path: str = "query") -> None:
         """Refuse, before anything runs, an `in_place` step whose message lacks the knowledge marker."""

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from agentdb.errors import Conflict, InvalidAgentId, InvalidParamValue, ParamNotMutable
+from agentdb.errors import Conflict, InvalidAgentId, InvalidParamValue, ParamNotMutable, parse_params
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
 from agentdb.sources import get_source
@@ -88,11 +88,7 @@ def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any
                 f"unknown parameter {key!r}; mutable ones: {', '.join(MUTABLE)}", path=key
             )
     merged = {**current.model_dump(include=set(MUTABLE)), **changes}
-    try:
-        params = RetrieveParams(**merged)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidParamValue(str(first["msg"]), path=".".join(str(p) for p in first["loc"])) from None
+    params = parse_params(RetrieveParams, merged, path="")
     if "filter" in changes:
         validate_filter(conn, get_source(conn, current.source), params.filter)
     if "generation" in changes:
