@@ -6,7 +6,14 @@ from agentdb.errors import AgentDBError
 from agentdb.ingest.pipeline import FieldMap, IngestReport, ingest
 from agentdb.ingest.readers import read_records
 from agentdb.retrieval import Hit, Result, retrieve
-from agentdb.sources import FieldSpec, Source, create_document_source, get_source, list_sources, register_table
+from agentdb.sources import (
+    FieldSpec,
+    Source,
+    create_document_source,
+    get_source,
+    list_sources,
+    register_table,
+)
 
 __version__ = "0.1.0"
 
