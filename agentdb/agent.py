@@ -314,6 +314,7 @@ def _retrieve_query(
         embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
 
     def retrieve_k(k: int) -> Result:
+        # Hits are documents: the best chunk of each, so `limit` counts distinct documents.
         with read_scope(conn, principal):
             return retrieve(
                 conn,
@@ -328,6 +329,7 @@ def _retrieve_query(
                 exclusion_query=spec.exclusion_query,
                 fields=fields,
                 query_embedding=embedding,
+                group_by_doc=True,
                 row_filter=principal.row_filter if principal else None,
             )
 
