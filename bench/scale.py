@@ -1,0 +1,441 @@
+"""Latency against corpus size: lexical, dense and hybrid retrieval at top_k 10 on synthetic chunks.
+
+    .venv/bin/python bench/scale.py                      # 100k and 1M chunks
+    .venv/bin/python bench/scale.py --sizes 100000       # one size
+
+Each size gets its own database (`bench_scale_<size>`) on an embedded server in bench/.cache/scale, holding one
+document source with `size` single-chunk documents: synthetic text (words sampled from SciFact's unigram
+distribution, or from a Zipfian pseudo-vocabulary when SciFact is absent) and seeded random unit vectors
+(384 dims). Rows are loaded with COPY in batches, so agentdb's statement triggers build the BM25 postings as
+they would for any writer; the HNSW index is dropped before the load and rebuilt after it with the same
+definition. Then 200 queries per mode are timed. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from _common import (
+    CACHE,
+    RESULTS,
+    SCIFACT,
+    connect,
+    dir_size_bytes,
+    embedded_url,
+    format_table,
+    human_bytes,
+    machine_facts,
+    percentile,
+    time_interleaved,
+    versions,
+)
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.types.json import Jsonb
+from tqdm import tqdm
+
+DIM = 384
+MODEL = "all-MiniLM-L6-v2"
+MODES = ("lexical", "dense", "hybrid")
+TOP_K = 10
+TARGET_HYBRID_P50_MS_1M = 50.0
+DATA_DIR = CACHE / "scale"
+WORD = re.compile(r"[a-z][a-z0-9-]*")
+
+
+def vocabulary(dataset: Path, n_queries: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+    """Words, their sampling probabilities, query texts and a description of where they came from."""
+    corpus, queries = dataset / "corpus.jsonl.gz", dataset / "queries.jsonl"
+    if corpus.exists() and queries.exists():
+        counts: Counter[str] = Counter()
+        with gzip.open(corpus, "rt") as handle:
+            for line in handle:
+                doc = json.loads(line)
+                counts.update(WORD.findall(f"{doc.get('title', '')} {doc['text']}".lower()))
+        words = [w for w, c in counts.items() if c >= 2]
+        freq = np.array([counts[w] for w in words], dtype=np.float64)
+        texts = [json.loads(line)["text"] for line in queries.open() if line.strip()]
+        texts = (texts * (n_queries // len(texts) + 1))[:n_queries]
+        return (
+            np.array(words, dtype=object),
+            freq / freq.sum(),
+            texts,
+            "SciFact unigram distribution; SciFact queries",
+        )
+    # No SciFact: a Zipfian (s = 1.1) vocabulary of pronounceable pseudo-words, queries of 6 mid-frequency words.
+    rng = np.random.default_rng([seed, 7])
+    consonants, vowels = "bcdfghklmnprstvz", "aeiou"
+    words = sorted(
+        {
+            "".join(
+                rng.choice(list(consonants if j % 2 == 0 else vowels)) for j in range(rng.integers(4, 10))
+            )
+            for _ in range(60_000)
+        }
+    )
+    ranks = np.arange(1, len(words) + 1, dtype=np.float64)
+    p = ranks**-1.1
+    p /= p.sum()
+    vocab = np.array(words, dtype=object)
+    texts = [" ".join(vocab[rng.integers(50, 20_000, 6)]) for _ in range(n_queries)]
+    return vocab, p, texts, "Zipfian pseudo-words (SciFact absent); 6-word queries"
+
+
+def synth_texts(
+    rng: np.random.Generator, words: np.ndarray, p: np.ndarray, n: int, lo: int, hi: int
+) -> list[str]:
+    lengths = rng.integers(lo, hi + 1, n)
+    idx = rng.choice(len(words), size=int(lengths.sum()), p=p)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [" ".join(words[idx[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
+    v = rng.standard_normal((n, DIM), dtype=np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return v
+
+
+def database_url(base_url: str, name: str) -> str:
+    with psycopg.connect(base_url, autocommit=True) as admin:
+        if not admin.execute("select 1 from pg_database where datname = %s", (name,)).fetchone():
+            admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    return make_conninfo(base_url, dbname=name)
+
+
+def relation_sizes(conn: psycopg.Connection[Any], table: sql.Composed) -> dict[str, int]:
+    row = conn.execute(
+        sql.SQL(
+            "select pg_total_relation_size({t}::regclass), pg_total_relation_size('agentdb.postings'),"
+            " (select coalesce(sum(pg_relation_size(i.indexrelid)), 0) from pg_index i"
+            "  join pg_class c on c.oid = i.indexrelid join pg_am a on a.oid = c.relam"
+            "  where i.indrelid = {t}::regclass and a.amname = 'hnsw'),"
+            " pg_database_size(current_database())"
+        ).format(t=sql.Literal(table.as_string(conn)))
+    ).fetchone()
+    assert row is not None
+    return {"table_total": row[0], "postings_total": row[1], "hnsw": row[2], "database": row[3]}
+
+
+def load(
+    conn: psycopg.Connection[Any],
+    name: str,
+    size: int,
+    args: argparse.Namespace,
+    words: np.ndarray,
+    p: np.ndarray,
+) -> dict[str, Any]:
+    """Create the source and fill it: COPY in batches (triggers build the postings), then the HNSW index."""
+    from agentdb.sources import create_document_source, drop_source
+
+    if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
+        drop_source(conn, name)
+    source = create_document_source(conn, name, embedding_model=MODEL, embedding_dim=DIM)
+    hnsw = f"{source.table_name}_agentdb_hnsw"
+    row = conn.execute("select pg_get_indexdef(%s::regclass)", (f"{source.table_schema}.{hnsw}",)).fetchone()
+    assert row is not None
+    index_def = row[0]
+    conn.execute(
+        sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(hnsw))
+    )
+
+    copy = sql.SQL(
+        "copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin (format binary)"
+    ).format(source.table)
+    text_rng = np.random.default_rng([args.seed, size, 1])
+    vec_rng = np.random.default_rng([args.seed, size, 2])
+    timings = {"generate_s": 0.0, "copy_s": 0.0}
+    bar = tqdm(total=size, desc=f"load {name}", unit="chunk", smoothing=0.05)
+    for start in range(0, size, args.batch):
+        n = min(args.batch, size - start)
+        t0 = time.perf_counter()
+        texts = synth_texts(text_rng, words, p, n, args.min_words, args.max_words)
+        vectors = unit_vectors(vec_rng, n)
+        t1 = time.perf_counter()
+        with conn.transaction(), conn.cursor() as cur, cur.copy(copy) as writer:
+            writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
+            for j in range(n):
+                writer.write_row((f"s{start + j:08d}", 0, "", texts[j], Jsonb({}), vectors[j]))
+        timings["generate_s"] += t1 - t0
+        timings["copy_s"] += time.perf_counter() - t1
+        bar.update(n)
+    bar.close()
+
+    t0 = time.perf_counter()
+    conn.execute(sql.SQL("set maintenance_work_mem = {}").format(sql.Literal(args.maintenance_work_mem)))
+    conn.execute(
+        sql.SQL("set max_parallel_maintenance_workers = {}").format(sql.Literal(args.parallel_workers))
+    )
+    print(
+        f"building the HNSW index ({index_def.split(' USING ')[1]}), maintenance_work_mem "
+        f"{args.maintenance_work_mem}, {args.parallel_workers} parallel worker(s)...",
+        flush=True,
+    )
+    conn.execute(index_def)  # noqa: S608 - the definition Postgres itself printed for agentdb's index
+    conn.execute("reset maintenance_work_mem")
+    conn.execute("reset max_parallel_maintenance_workers")
+    timings["hnsw_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    # A fresh bulk load has no visibility map yet: without VACUUM the postings' index-only scans would visit
+    # the heap; ANALYZE gives the planner the new row counts.
+    print("vacuum analyze...", flush=True)
+    conn.execute(sql.SQL("vacuum analyze {}").format(source.table))
+    conn.execute("vacuum analyze agentdb.postings, agentdb.term_stats, agentdb.corpus_stats")
+    timings["vacuum_analyze_s"] = time.perf_counter() - t0
+    return {k: round(v, 1) for k, v in timings.items()}
+
+
+def query_vectors(
+    conn: psycopg.Connection[Any], table: sql.Composed, size: int, n: int, seed: int
+) -> np.ndarray:
+    """Each query vector is a stored vector plus noise (cosine about 0.8 to it), so it lies near the data."""
+    rng = np.random.default_rng([seed, size, 3])
+    targets = [f"s{i:08d}" for i in rng.choice(size, n, replace=False)]
+    found = dict(
+        conn.execute(
+            sql.SQL("select doc_id, agentdb_embedding from {} where doc_id = any(%s)").format(table),
+            (targets,),
+        ).fetchall()
+    )
+    base = np.vstack([found[t].to_numpy() for t in targets]).astype(np.float32)
+    noise = unit_vectors(rng, n) * 0.75
+    q = base + noise
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def time_modes(
+    conn: psycopg.Connection[Any], name: str, texts: list[str], qvecs: np.ndarray, repeat: int
+) -> dict[str, dict[str, float]]:
+    """p50/p95 per mode; the three modes are interleaved query by query so machine load hits them alike."""
+    from agentdb.retrieval import retrieve
+
+    def searcher(mode: str) -> Callable[[int], int]:
+        def search(i: int) -> int:
+            vec = None if mode == "lexical" else qvecs[i]
+            result = retrieve(
+                conn,
+                name,
+                texts[i],
+                mode=mode,
+                top_k=TOP_K,
+                threshold=0.0,
+                query_embedding=vec,  # type: ignore[arg-type]
+            )
+            return len(result.hits)
+
+        return search
+
+    counts, best, first = time_interleaved(
+        [(mode, searcher(mode)) for mode in MODES], len(texts), desc=f"{name} queries", repeat=repeat
+    )
+    return {
+        mode: {
+            "p50_ms": percentile(best[mode], 50),
+            "p95_ms": percentile(best[mode], 95),
+            "first_pass_p50_ms": percentile(first[mode], 50),
+            "first_pass_p95_ms": percentile(first[mode], 95),
+            "mean_hits": float(np.mean(counts[mode])),
+        }
+        for mode in MODES
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=20_000, help="rows per COPY statement (and transaction)")
+    parser.add_argument("--min-words", type=int, default=80)
+    parser.add_argument("--max-words", type=int, default=240)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timing passes; each query's latency is its best pass (default 1)",
+    )
+    parser.add_argument("--maintenance-work-mem", default="4GB")
+    parser.add_argument(
+        "--parallel-workers", type=int, default=1, help="max_parallel_maintenance_workers for HNSW"
+    )
+    parser.add_argument(
+        "--reload", action="store_true", help="load again even when the data is already there"
+    )
+    parser.add_argument(
+        "--drop-after",
+        type=int,
+        default=1_000_000,
+        help="drop the database of sizes >= this after measuring (disk); 0 keeps everything",
+    )
+    parser.add_argument("--dataset", type=Path, default=SCIFACT)
+    parser.add_argument("--no-json", action="store_true")
+    args = parser.parse_args()
+
+    from agentdb.sources import get_source
+
+    wall = time.perf_counter()
+    words, p, texts, origin = vocabulary(args.dataset, args.queries, args.seed)
+    print(f"vocabulary: {len(words)} words ({origin}); chunks of {args.min_words}-{args.max_words} words")
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    base_url = embedded_url(DATA_DIR)
+    base = connect(base_url)
+    timings_path = CACHE / "scale_load_timings.json"
+    saved: dict[str, Any] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    results: list[dict[str, Any]] = []
+    machine_versions = versions(base)
+    for size in args.sizes:
+        db = f"bench_scale_{size}"
+        name = f"synth_{size}"
+        conn = connect(database_url(base_url, db))
+        have = 0
+        if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
+            src = get_source(conn, name)
+            row = conn.execute(sql.SQL("select count(*) from {}").format(src.table)).fetchone()
+            have = row[0] if row else 0
+        if have == size and not args.reload and str(size) in saved:
+            load_info = {**saved[str(size)], "reused": True}
+            print(f"reusing {db} ({size} chunks); load figures from the run that built it")
+        else:
+            started = time.perf_counter()
+            load_info = load(conn, name, size, args, words, p)
+            load_info["load_total_s"] = round(time.perf_counter() - started, 1)
+            saved[str(size)] = load_info
+            timings_path.write_text(json.dumps(saved, indent=2))
+            load_info = {**load_info, "reused": False}
+        src = get_source(conn, name)
+        sizes = relation_sizes(conn, src.table)
+        stats = conn.execute(
+            "select n_chunks, total_len from agentdb.corpus_stats where source_id = %s", (src.id,)
+        ).fetchone()
+        n_postings = conn.execute(
+            "select reltuples::bigint from pg_class where oid = 'agentdb.postings'::regclass"
+        ).fetchone()
+        qvecs = query_vectors(conn, src.table, size, args.queries, args.seed)
+        row: dict[str, Any] = {
+            "size": size,
+            **load_info,
+            "sizes_bytes": sizes,
+            "avg_chunk_lexemes": round(stats[1] / stats[0], 1) if stats and stats[0] else None,
+            "postings_rows_estimate": n_postings[0] if n_postings else None,
+            "measured_at": machine_facts()["date"],
+            "load_average_1m": machine_facts()["load_average_1m"],
+            "sql_sha1": machine_versions["sql_sha1"],
+            "timing_passes": args.repeat,
+        }
+        row.update(time_modes(conn, name, texts, qvecs, args.repeat))
+        results.append(row)
+        conn.close()
+        if args.drop_after and size >= args.drop_after:
+            before = dir_size_bytes(DATA_DIR)
+            with psycopg.connect(base_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(db)))
+            saved.pop(str(size), None)
+            timings_path.write_text(json.dumps(saved, indent=2))
+            row["data_dir_bytes_before_drop"] = before
+            print(f"dropped {db}: data dir {human_bytes(before)} -> {human_bytes(dir_size_bytes(DATA_DIR))}")
+    elapsed = time.perf_counter() - wall
+
+    headers = ["chunks", "mode", "p50 ms", "p95 ms", "hits"]
+    rows = [
+        [f"{r['size']:,}", m, f"{r[m]['p50_ms']:.2f}", f"{r[m]['p95_ms']:.2f}", f"{r[m]['mean_hits']:.1f}"]
+        for r in results
+        for m in MODES
+    ]
+    print()
+    print(
+        f"Synthetic chunks ({origin}; {DIM}-dim seeded random unit vectors), {args.queries} queries per mode, "
+        f"top_k {TOP_K}"
+    )
+    print(format_table(headers, rows, left=2))
+    print(
+        "Latency: ms per query, wall time of one retrieve() call from Python after 10 warm-up queries, modes\n"
+        f"interleaved query by query, best of {args.repeat} pass(es) per query; query vectors precomputed (no\n"
+        "embedding): a stored vector plus noise; threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg."
+    )
+    print()
+    load_headers = [
+        "chunks",
+        "generate s",
+        "COPY+postings s",
+        "HNSW build s",
+        "vacuum s",
+        "total s",
+        "table",
+        "postings",
+        "HNSW",
+        "database",
+    ]
+    load_rows = [
+        [
+            f"{r['size']:,}",
+            r.get("generate_s"),
+            r.get("copy_s"),
+            r.get("hnsw_build_s"),
+            r.get("vacuum_analyze_s"),
+            r.get("load_total_s"),
+            human_bytes(r["sizes_bytes"]["table_total"]),
+            human_bytes(r["sizes_bytes"]["postings_total"]),
+            human_bytes(r["sizes_bytes"]["hnsw"]),
+            human_bytes(r["sizes_bytes"]["database"]),
+        ]
+        for r in results
+    ]
+    print(format_table(load_headers, load_rows))
+    if any(r.get("reused") for r in results):
+        print("(reused data: load times are those of the run that built it)")
+    for r in results:
+        if r["size"] == 1_000_000:
+            p50 = r["hybrid"]["p50_ms"]
+            verdict = "met" if p50 <= TARGET_HYBRID_P50_MS_1M else "MISSED"
+            print(
+                f"target hybrid p50 <= {TARGET_HYBRID_P50_MS_1M:.0f} ms at 1M chunks: {p50:.2f} ms, {verdict}"
+            )
+    print(f"whole run {elapsed:.0f}s; data dir now {human_bytes(dir_size_bytes(DATA_DIR))}")
+
+    if not args.no_json:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path = RESULTS / "scale.json"
+        # Keep the figures of sizes not measured in this run (a 1M run takes about an hour).
+        by_size = (
+            {r["size"]: r for r in json.loads(path.read_text()).get("results", [])} if path.exists() else {}
+        )
+        by_size.update({r["size"]: r for r in results})
+        out = {
+            "benchmark": "scale",
+            "machine": machine_facts(),
+            "versions": machine_versions,
+            "settings": {
+                "top_k": TOP_K,
+                "queries": args.queries,
+                "dim": DIM,
+                "words": [args.min_words, args.max_words],
+                "vocabulary": origin,
+                "batch": args.batch,
+                "seed": args.seed,
+                "maintenance_work_mem": args.maintenance_work_mem,
+                "parallel_workers": args.parallel_workers,
+                "threshold": 0.0,
+                "timing_passes": args.repeat,
+            },
+            "results": [by_size[k] for k in sorted(by_size)],
+            "run_seconds": round(elapsed, 1),
+        }
+        path.write_text(json.dumps(out, indent=2, default=float) + "\n")
+        print(f"wrote {path.relative_to(RESULTS.parents[1])}")
+    base.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
