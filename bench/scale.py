@@ -37,7 +37,7 @@ from _common import (
     human_bytes,
     machine_facts,
     percentile,
-    time_interleaved,
+    time_systems,
     versions,
 )
 from psycopg import sql
@@ -217,7 +217,7 @@ def query_vectors(
 def time_modes(
     conn: psycopg.Connection[Any], name: str, texts: list[str], qvecs: np.ndarray, repeat: int
 ) -> dict[str, dict[str, float]]:
-    """p50/p95 per mode; the three modes are interleaved query by query so machine load hits them alike."""
+    """p50/p95 per mode (each query's best of `repeat` passes)."""
     from agentdb.retrieval import retrieve
 
     def searcher(mode: str) -> Callable[[int], int]:
@@ -236,7 +236,7 @@ def time_modes(
 
         return search
 
-    counts, best, first = time_interleaved(
+    counts, best, first = time_systems(
         [(mode, searcher(mode)) for mode in MODES], len(texts), desc=f"{name} queries", repeat=repeat
     )
     return {
@@ -359,8 +359,8 @@ def main() -> int:
     )
     print(format_table(headers, rows, left=2))
     print(
-        "Latency: ms per query, wall time of one retrieve() call from Python after 10 warm-up queries, modes\n"
-        f"interleaved query by query, best of {args.repeat} pass(es) per query; query vectors precomputed (no\n"
+        "Latency: ms per query, wall time of one retrieve() call from Python after 10 warm-up queries, each mode\n"
+        f"in a block, best of {args.repeat} pass(es) per query; query vectors precomputed (no\n"
         "embedding): a stored vector plus noise; threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg."
     )
     print()

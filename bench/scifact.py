@@ -29,7 +29,7 @@ from _common import (
     open_embedded,
     percentile,
     single_threaded_blas,
-    time_interleaved,
+    time_systems,
     versions,
 )
 from psycopg import sql
@@ -301,14 +301,14 @@ def main() -> int:
 
     load_before = machine_facts()["load_average_1m"]
     blas = single_threaded_blas()
-    hits, lat_depth, first_depth = time_interleaved(
+    hits, lat_depth, first_depth = time_systems(
         [(name, lambda i, s=search: s(i, DEPTH)) for name, _, search in systems],
         n,
         desc=f"all systems @{DEPTH}",
         repeat=args.repeat,
         progress=progress,
     )
-    _, lat_serve, first_serve = time_interleaved(
+    _, lat_serve, first_serve = time_systems(
         [(name, lambda i, s=search: s(i, SERVE_K)) for name, _, search in systems],
         n,
         desc=f"all systems @{SERVE_K}",
@@ -384,14 +384,14 @@ def main() -> int:
     )
     print(format_table(headers, table_rows))
     print(
-        f"Latency: ms per query, wall time of one call from Python, best of {args.repeat} interleaved passes per query\n"
+        f"Latency: ms per query, wall time of one call from Python, best of {args.repeat} passes per query\n"
         "(the JSON also has the first pass), after 10 warm-up queries; query embedding\n"
         "EXCLUDED (all queries embedded beforehand and passed as query_embedding). agentdb and ts_rank_cd include\n"
         "the round trip to the embedded Postgres; bm25s includes query tokenization. '@100': top 100 documents\n"
         "(agentdb: group_by_doc, the quality run); '@10': top 10 (agentdb: chunks, group_by_doc off, the serving\n"
         "default). Quality from the @100 run, chunk hits pooled to documents by max. agentdb rows use threshold 0\n"
         "(no distance gate) unless named; agentdb fuses max(100, 4*top_k) chunk candidates per leg (400 @100, 100\n"
-        "@10), Python RRF the top 100 documents of each list. Systems interleaved query by query; numpy BLAS on\n"
+        "@10), Python RRF the top 100 documents of each list. Each system runs its queries in a block; numpy BLAS on\n"
         f"one thread; ts_rank_cd has a GIN index on agentdb_tsv. Load average {load_before:.1f} -> {load_after:.1f}."
     )
     print()
@@ -422,7 +422,7 @@ def main() -> int:
                 "warmup_queries": 10,
                 "timing_passes": args.repeat,
                 "latency_statistic": "per-query best of the passes, then p50/p95 over queries",
-                "interleaved": True,
+                "interleaved": False,
                 "blas_threads": 1 if blas is not None else None,
                 "ts_rank_cd_gin_index": True,
                 "latency_excludes_query_embedding": True,
