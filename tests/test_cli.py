@@ -211,7 +211,7 @@ def test_serve_answers_over_real_http(db_url: str) -> None:
 
 def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
     """`agentdb demo` loads the PostgreSQL manual once; the README's SQL examples then answer."""
-    first = run(["demo", "--no-serve"], db_url, timeout=1800)
+    first = run(["demo", "--no-serve"], db_url, timeout=3600)  # one-time CPU embedding of ~9,000 chunks
     assert "3932 documents" in first.stderr
     again = run(["demo", "--no-serve"], db_url)
     assert "is loaded" in again.stderr
