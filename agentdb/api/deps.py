@@ -25,6 +25,8 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
             yield conn
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
+    except psycopg.errors.QueryCanceled:
+        raise  # the statement timeout (an OperationalError too) is the caller's 400, not an outage
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
 
