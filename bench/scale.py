@@ -360,8 +360,8 @@ def main() -> int:
     print(format_table(headers, rows, left=2))
     print(
         "Latency: ms per query, wall time of one retrieve() call from Python after 10 warm-up queries, each mode\n"
-        f"in a block, best of {args.repeat} pass(es) per query; query vectors precomputed (no\n"
-        "embedding): a stored vector plus noise; threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg."
+        f"in a block, best of {args.repeat} pass(es) per query. Query vectors precomputed (no embedding): a stored\n"
+        "vector plus noise. Threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg."
     )
     print()
     load_headers = [

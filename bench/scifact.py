@@ -158,8 +158,8 @@ def main() -> int:
     parser.add_argument(
         "--repeat",
         type=int,
-        default=3,
-        help="timing passes; each query's latency is its best pass (default 3)",
+        default=2,
+        help="timing passes; each query's latency is its best pass (default 2)",
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-json", action="store_true", help="do not write bench/results/scifact.json")
