@@ -73,6 +73,11 @@ language plpgsql
 set hnsw.iterative_scan = 'relaxed_order'
 set hnsw.ef_search = 40
 set hnsw.max_scan_tuples = 100000
+-- JIT compilation pays off for long analytic queries; here its tens of milliseconds of compiling would dwarf
+-- the query (it starts at a plan cost that large corpora reach). The lexical leg's per-chunk sums over a
+-- million chunks need more than the default 4 MB to stay in memory.
+set jit = off
+set work_mem = '32MB'
 as $$
 declare
     src agentdb.sources;
@@ -99,7 +104,12 @@ declare
     allowed text[];
     i int;
     avgdl float8;
-    unfiltered boolean;
+    filter_join text;
+    -- Postings the lexical leg scans before it knows a score threshold (see the lexical leg below): the
+    -- setting agentdb.lexical_seed_postings, else 1% of the chunks and at least 20000. It changes speed only.
+    seed_budget bigint;
+    query_postings bigint;
+    bm25 text;
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
@@ -196,6 +206,8 @@ begin
     terms := array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1);
     select * into stats from agentdb.corpus_stats s where s.source_id = src.id;
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
+    seed_budget := coalesce(substring(current_setting('agentdb.lexical_seed_postings', true) from '^\s*(\d{1,15})\s*$')::bigint,
+                            greatest(20000, coalesce(stats.n_chunks, 0) / 100));
     cand := case when mode = 'hybrid' or group_by_doc then least(coalesce(candidates, greatest(100, 4 * top_k)), 4000)
                  else top_k end;
     perform set_config('hnsw.ef_search', greatest(ef_search, least(cand, 1000))::text, true);
@@ -211,28 +223,95 @@ begin
         dense_sql := 'select null::bigint as cid, null::float8 as distance where false';
     end if;
 
+    -- The lexical leg: exact BM25, the best `cand` chunks. Each query term t adds
+    -- wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl) to a chunk holding it (wk_t = idf_t * (k1 + 1)), at
+    -- most ub_t (the same at term_stats.max_tf and min_dl). When the terms' postings fit in the seed budget
+    -- they are simply summed. Otherwise MaxScore prunes, set at a time: 1) Seed: the terms with the highest ub
+    -- are scanned while their document frequencies fit in the budget; the cand-th best partial score of a
+    -- seed chunk that passes the filter is a lower bound theta of the final cand-th score. 2) In ascending
+    -- order of ub, the terms whose bounds sum to less than theta are non-essential: a chunk holding only those
+    -- cannot reach theta. The essential terms the seed left out are scanned too; the scanned set now covers
+    -- every chunk that can rank. 3) Scores over the scanned terms are exact; their cand-th best (filtered)
+    -- raises theta. Chunks whose scanned score plus the bounds of the unscanned terms reaches theta survive;
+    -- only they look up the unscanned terms (by index) and are ranked. Without cand seed chunks passing the
+    -- filter theta is 0 and every chunk is scored. Either way the scores are the full BM25 sums; ties by id.
     -- The lexical leg may skip the join to the source table only when no row can be hidden from it: no
     -- filter, and no row-level security in force for the current role (a principal's reads).
-    unfiltered := pred = 'true' and row_pred = 'true'
-        and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass);
-    if use_sparse and cardinality(terms) > 0 then
+    filter_join := case when pred = 'true' and row_pred = 'true'
+                        and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass)
+                   then ''
+                   else format('join %I.%I c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
+                               src.table_schema, src.table_name, pred, row_pred) end;
+    select coalesce(sum(ts.df), 0) into query_postings
+    from agentdb.term_stats ts where ts.source_id = src.id and ts.term = any(terms);
+    if use_sparse and query_postings > 0 then
         sparse_sql := format($q$
-            select p.chunk_id as cid,
-                   sum(idf.w * p.tf * ($12 + 1) / (p.tf + $12 * (1 - $13 + $13 * p.dl / $11)))::float8 as bm25,
-                   count(*) over () as total
-            from (select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) as w
-                  from agentdb.term_stats ts where ts.source_id = $9 and ts.term = any($2)) idf
-            join agentdb.postings p on p.source_id = $9 and p.term = idf.term
-            %s
-            where true %s
-            group by p.chunk_id
-            order by bm25 desc, p.chunk_id
+            with q as materialized (
+                select t.term, t.wk, t.ub,
+                       coalesce(sum(t.df) over (order by t.ub desc, t.term
+                                                rows between unbounded preceding and 1 preceding), 0) < $19 as seed,
+                       sum(t.ub) over (order by t.ub, t.term) as ub_upto
+                from (select ts.term, ts.df, w.wk,
+                             w.wk * ts.max_tf / (ts.max_tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * ts.min_dl) as ub
+                      from agentdb.term_stats ts
+                      cross join lateral (select ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) * ($12 + 1) as wk) w
+                      where ts.source_id = $9 and ts.term = any($2)) t
+            ) $q$);
+        bm25 := 'q.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)';
+        if query_postings <= seed_budget then
+            sparse_sql := sparse_sql || format($q$
+                select s.chunk_id as cid, s.known::float8 as bm25
+                from (select p.chunk_id, sum(%1$s) as known
+                      from q join agentdb.postings p on p.source_id = $9 and p.term = q.term
+                      group by p.chunk_id) s
+                %2$s
+                order by bm25 desc, cid
+                limit $3 $q$, bm25, filter_join);
+        else
+            sparse_sql := sparse_sql || format($q$, seed as materialized (
+                select p.chunk_id, sum(%1$s) as known
+                from q join agentdb.postings p on p.source_id = $9 and p.term = q.term
+                where q.seed
+                group by p.chunk_id
+            ), theta1 as materialized (
+                select coalesce((select s.known from seed s %2$s order by s.known desc offset $3 - 1 limit 1), 0)
+                       * (1 - 1e-9) as t
+            ), scan as materialized (
+                select q.term, q.wk, q.ub, q.seed, q.seed or q.ub_upto >= (select t from theta1) as scanned from q
+            ), extra as materialized (
+                select p.chunk_id, sum(%1$s) as known
+                from scan q join agentdb.postings p on p.source_id = $9 and p.term = q.term
+                where q.scanned and not q.seed
+                group by p.chunk_id
+            ), bounds as materialized (
+                select coalesce(sum(ub) filter (where scanned and not seed), 0) as extra_ub,
+                       coalesce(sum(ub) filter (where not scanned), 0) as rest_ub
+                from scan
+            ), known as materialized (
+                select s.chunk_id, s.known + coalesce(e.known, 0) as known
+                from seed s left join extra e using (chunk_id)
+                where s.known + (select extra_ub + rest_ub from bounds) >= (select t from theta1)
+                union all
+                select e.chunk_id, e.known from extra e
+                where e.known + (select rest_ub from bounds) >= (select t from theta1)
+                  and not exists (select from seed s where s.chunk_id = e.chunk_id)
+            ), theta as materialized (
+                select greatest((select t from theta1), coalesce((
+                    select s.known from known s %2$s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9)) as t
+            )
+            select s.chunk_id as cid,
+                   (s.known + coalesce((
+                       select sum(%1$s)
+                       from scan q join agentdb.postings p
+                         on p.source_id = $9 and p.term = q.term and p.chunk_id = s.chunk_id
+                       where not q.scanned), 0))::float8 as bm25
+            from known s %2$s%3$s s.known + (select rest_ub from bounds) >= (select t from theta)
+            order by bm25 desc, cid
             limit $3 $q$,
-            case when unfiltered then ''
-                 else format('join %I.%I c on c.agentdb_chunk_id = p.chunk_id', src.table_schema, src.table_name) end,
-            case when unfiltered then '' else format('and (%s) and (%s)', pred, row_pred) end);
+            bm25, filter_join, case when filter_join = '' then ' where' else ' and' end);
+        end if;
     else
-        sparse_sql := 'select null::bigint as cid, null::float8 as bm25, 0::bigint as total where false';
+        sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
     end if;
 
     score_sql := case mode when 'dense' then '1 - f.distance' when 'lexical' then 'f.bm25' else 'f.rrf' end;
@@ -267,7 +346,7 @@ begin
                 from top t join %s c on c.agentdb_chunk_id = t.cid), '[]'::jsonb),
             'dense_raw_count', (select count(*) from dense),
             'dense_kept_count', (select count(*) from d),
-            'sparse_raw_count', coalesce((select max(total) from sparse), 0),
+            'sparse_raw_count', (select count(*) from sparse),
             'fused_candidate_count', (select count(*) from f))
         $q$,
         dense_sql, sparse_sql,
@@ -279,7 +358,7 @@ begin
     execute stmt into result using
         query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
         coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
-        fq_params, ex_params;
+        fq_params, ex_params, seed_budget;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from agentdb.db.migrate import discover, migrate
 from agentdb.db.pool import check_server
-from agentdb.db.server import start_embedded
+from agentdb.db.server import start_embedded, tuning
 from agentdb.errors import DatabaseSetupError
 
 
@@ -28,6 +29,36 @@ def test_embedded_server_reuses_its_data_directory() -> None:
     with psycopg.connect(again) as conn:
         assert conn.execute("select x from kept").fetchall() == [(42,)]
     assert (tmp_path / "pg" / "PG_VERSION").read_text().strip() == "18"
+
+
+def test_embedded_server_is_tuned_for_the_machine() -> None:
+    """A fresh data directory gets agentdb.conf (memory-sized settings): the reloadable ones apply at once,
+    shared_buffers waits for the next start; the include line is written once."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="agentdb-tuned-"))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    wanted = tuning(memory)
+    url = start_embedded(tmp_path)
+    with psycopg.connect(url) as conn:
+        rows = dict(
+            conn.execute(
+                "select name, pg_size_bytes(current_setting(name)) / 1048576 from pg_settings"
+                " where name in ('effective_cache_size', 'maintenance_work_mem')"
+            ).fetchall()
+        )
+        assert len(rows) == 2
+        assert rows == {name: int(wanted[name].removesuffix("MB")) for name in rows}
+        pending = conn.execute(
+            "select pending_restart from pg_settings where name = 'shared_buffers'"
+        ).fetchone()
+    assert pending == (wanted["shared_buffers"] != "128MB",)
+    start_embedded(tmp_path)
+    conf = (tmp_path / "pg" / "postgresql.conf").read_text()
+    assert conf.count("include_if_exists = 'agentdb.conf'") == 1
+    assert tuning(64 * 2**30) == {
+        "shared_buffers": "8192MB",
+        "effective_cache_size": "32768MB",
+        "maintenance_work_mem": "2048MB",
+    }
 
 
 def test_migrations_are_recorded_and_idempotent(db_url: str) -> None:

