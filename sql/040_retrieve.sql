@@ -222,13 +222,15 @@ begin
     unfiltered := pred = 'true' and row_pred = 'true'
         and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass);
     if use_sparse and cardinality(terms) > 0 then
+        -- q is materialized so that each term's weight is computed once, not once per posting.
         sparse_sql := format($q$
+            with q as materialized (
+                select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) * ($12 + 1) as wk
+                from agentdb.term_stats ts where ts.source_id = $9 and ts.term = any($2))
             select s.chunk_id as cid, s.bm25
             from (select p.chunk_id,
                          sum(q.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl))::float8 as bm25
-                  from (select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) * ($12 + 1) as wk
-                        from agentdb.term_stats ts where ts.source_id = $9 and ts.term = any($2)) q
-                  join agentdb.postings p on p.source_id = $9 and p.term = q.term
+                  from q join agentdb.postings p on p.source_id = $9 and p.term = q.term
                   group by p.chunk_id) s
             %s
             order by s.bm25 desc, s.chunk_id
