@@ -30,11 +30,13 @@ select array[
     ), ins as (
         insert into agentdb.postings (source_id, term, chunk_id, tf, dl)
         select $1, e.term, e.chunk_id, e.tf, l.dl from entries e join lengths l using (chunk_id)
-        returning term
+        returning term, tf, dl
     )
-    insert into agentdb.term_stats as s (source_id, term, df)
-    select $1, term, count(*) from ins group by term order by term
-    on conflict (source_id, term) do update set df = s.df + excluded.df
+    insert into agentdb.term_stats as s (source_id, term, df, max_tf, min_dl)
+    select $1, term, count(*), max(tf), min(dl) from ins group by term order by term
+    on conflict (source_id, term) do update
+        set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
+            min_dl = least(s.min_dl, excluded.min_dl)
     $q$, rel)
 ];
 $$;
@@ -170,17 +172,21 @@ begin
         ), actual as (
             select term, chunk_id, tf, dl from agentdb.postings where source_id = $1
         ), expected_df as (
-            select term, count(*) as df from expected group by term
+            select term, count(*) as df, max(tf) as max_tf, min(dl) as min_dl from expected group by term
         ), actual_df as (
-            select term, df from agentdb.term_stats where source_id = $1
+            select term, df, max_tf, min_dl from agentdb.term_stats where source_id = $1
         )
         select 'postings'::text, count(*) from (
             (select * from expected except all select * from actual)
             union all (select * from actual except all select * from expected)) d
         union all
         select 'term_stats', count(*) from (
-            (select * from expected_df except all select * from actual_df)
-            union all (select * from actual_df except all select * from expected_df)) d
+            (select term, df from expected_df except all select term, df from actual_df)
+            union all (select term, df from actual_df except all select term, df from expected_df)) d
+        union all
+        -- The pruning bounds may be loose after deletions, never tighter than the postings.
+        select 'term_bounds', count(*) from expected_df e join actual_df a using (term)
+        where a.max_tf < e.max_tf or a.min_dl > e.min_dl
         union all
         select 'corpus_stats', count(*) from (
             select count(*) as n, coalesce(sum(

@@ -534,8 +534,12 @@ def test_retrieve_under_the_role(conn: psycopg.Connection[Any], corpus: dict[str
         "dense": allowed & embedded,
         "hybrid": allowed & (lexical | embedded),
     }
-    for mode, pass_row_filter in itertools.product(["lexical", "dense", "hybrid"], [False, True]):
+    # Seed budget 1 sends the lexical leg through agentdb.bm25_maxscore (pruning) instead of the plain sum.
+    for mode, pass_row_filter, seed_postings in itertools.product(
+        ["lexical", "dense", "hybrid"], [False, True], ["20000", "1"]
+    ):
         with principal_scope(conn, alice) as scoped:
+            scoped.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed_postings,))
             result = retrieve(
                 scoped,
                 "docs",
@@ -548,7 +552,7 @@ def test_retrieve_under_the_role(conn: psycopg.Connection[Any], corpus: dict[str
                 fields=fields,
             )
         _check_result(result, mode, allowed, lexical, embedded, fields)
-        assert {h.id for h in result.hits} == expected[mode], (mode, pass_row_filter)
+        assert {h.id for h in result.hits} == expected[mode], (mode, pass_row_filter, seed_postings)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -566,6 +570,7 @@ def test_no_hit_field_or_count_outside_the_row_filter(
         label="fields",
     )
     seed = data.draw(st.integers(0, 2**16), label="seed")
+    seed_postings = data.draw(st.sampled_from(["20000", "1", "5"]), label="lexical_seed_postings")
     principal, _ = create_principal(
         conn, f"p{next(_names)}", tables=["docs"], row_filter=row_filter, fields=grant
     )
@@ -574,6 +579,7 @@ def test_no_hit_field_or_count_outside_the_row_filter(
         fields = check_fields(principal, None)
         with principal_scope(conn, principal) as scoped:
             seen = {r[0] for r in scoped.execute("select doc_id from agentdb_docs.docs")}
+            scoped.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed_postings,))
             result = retrieve(
                 scoped,
                 "docs",
@@ -588,3 +594,16 @@ def test_no_hit_field_or_count_outside_the_row_filter(
         _check_result(result, mode, allowed, _lexical_matches(conn, query), _embedded(conn), fields)
     finally:
         delete_principal(conn, principal.name)
+
+
+def test_a_malformed_seed_setting_is_a_clear_error(
+    conn: psycopg.Connection[Any], corpus: dict[str, dict[str, Any]]
+) -> None:
+    """agentdb.lexical_seed_postings is read by retrieve; a value that is not a count fails loudly rather than
+    silently falling back to the default."""
+    conn.execute("set agentdb.lexical_seed_postings = 'lots'")
+    with pytest.raises(InvalidParamValue) as err:
+        retrieve(conn, "docs", "wal archive", mode="lexical")
+    assert err.value.path == "agentdb.lexical_seed_postings" and "whole number" in str(err.value)
+    conn.execute("set agentdb.lexical_seed_postings = 123456789012345678")
+    assert retrieve(conn, "docs", "wal archive", mode="lexical").hits

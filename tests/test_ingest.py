@@ -40,7 +40,7 @@ def lexical_check(conn: psycopg.Connection[Any], name: str) -> dict[str, int]:
 
 
 def assert_lexical_ok(conn: psycopg.Connection[Any], name: str) -> None:
-    assert lexical_check(conn, name) == {"postings": 0, "term_stats": 0, "corpus_stats": 0}
+    assert lexical_check(conn, name) == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
     source_id = get_source(conn, name).id
     row = conn.execute(
         f"select (select count(*) from agentdb_docs.{name}), n_chunks from agentdb.corpus_stats"  # noqa: S608

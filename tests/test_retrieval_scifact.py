@@ -132,6 +132,44 @@ def test_bm25_equals_an_independent_reference(scifact: Any, judged: Any) -> None
         assert [h.bm25_score for h in hits] == pytest.approx(best, abs=1e-6)
 
 
+@pytest.mark.parametrize("seed_postings", [1, 300, 3000])
+def test_pruned_lexical_leg_equals_the_full_sum(scifact: Any, judged: Any, seed_postings: int) -> None:
+    """MaxScore pruning (forced on this small corpus by a small seed budget) returns exactly what summing every
+    posting returns: the same chunks, scores and order, with and without filters, in each mode that has a
+    lexical leg, for the top_k and for the larger candidate pool that hybrid and group_by_doc fetch."""
+    queries = list(judged[0].values())[:40]
+    filters: list[dict[str, Any] | None] = [None, {"bucket": {"$in": [1, 2, 3, 4]}}, {"bucket": 7}]
+
+    def run(budget: int) -> list[list[tuple[str, int, float | None, int | None]]]:
+        scifact.execute(f"set agentdb.lexical_seed_postings = {budget}")
+        try:
+            out = []
+            for text in queries:
+                for flt in filters:
+                    for mode, group in (("lexical", False), ("lexical", True), ("hybrid", False)):
+                        hits = retrieve(
+                            scifact,
+                            SOURCE,
+                            text,
+                            mode=mode,
+                            top_k=10,
+                            threshold=0,
+                            filter=flt,
+                            group_by_doc=group,
+                            query_embedding=judged[2][text] if mode == "hybrid" else None,
+                        ).hits
+                        out.append([(h.id, h.chunk, h.bm25_score, h.rank_sparse) for h in hits])
+            return out
+        finally:
+            scifact.execute("reset agentdb.lexical_seed_postings")
+
+    full, pruned = run(10**12), run(seed_postings)
+    assert len(full) == len(pruned) == 40 * 3 * 3
+    for expected, got in zip(full, pruned, strict=True):
+        assert [h[:2] + h[3:] for h in got] == [h[:2] + h[3:] for h in expected]
+        assert [h[2] for h in got] == pytest.approx([h[2] for h in expected], abs=1e-9)
+
+
 def test_hnsw_recall_against_exact_search(scifact: Any, judged: Any) -> None:
     rows = scifact.execute("select doc_id, chunk, agentdb_embedding from agentdb_docs.scifact").fetchall()
     keys = [(d, c) for d, c, _ in rows]

@@ -148,7 +148,7 @@ def lexical_check(conn: psycopg.Connection[Any], name: str) -> dict[str, int]:
 
 
 def assert_lexical_ok(conn: psycopg.Connection[Any], name: str, table: str = "articles") -> None:
-    assert lexical_check(conn, name) == {"postings": 0, "term_stats": 0, "corpus_stats": 0}
+    assert lexical_check(conn, name) == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
     row = conn.execute(
         f"select (select count(*) from {table}), n_chunks from agentdb.corpus_stats c"  # noqa: S608 - test table
         " join agentdb.sources s on s.id = c.source_id where s.name = %s",
@@ -307,7 +307,12 @@ def test_register_in_another_schema_and_with_one_text_column(
     assert [(f.name, f.type) for f in source.fields] == [("stars", "int")]
     assert (source.embedding_model, source.embedding_dim, source.ts_config) == ("other-model", 8, "simple")
     assert ("agentdb_embedding", "vector(8)") in columns(conn, "kb.notes")
-    assert lexical_check(conn, "notes") == {"postings": 0, "term_stats": 0, "corpus_stats": 0}
+    assert lexical_check(conn, "notes") == {
+        "postings": 0,
+        "term_stats": 0,
+        "term_bounds": 0,
+        "corpus_stats": 0,
+    }
     # The simple configuration keeps words unstemmed.
     assert conn.execute("select count(*) from agentdb.postings where term = 'servers'").fetchone() == (1,)
 
@@ -406,10 +411,22 @@ def test_lexical_check_sees_damage_and_rebuild_repairs_it(
     conn: psycopg.Connection[Any], registered: Any
 ) -> None:
     conn.execute("delete from agentdb.postings where term = 'planner'")
-    assert lexical_check(conn, "articles") == {"postings": 1, "term_stats": 0, "corpus_stats": 0}
+    assert lexical_check(conn, "articles") == {
+        "postings": 1,
+        "term_stats": 0,
+        "term_bounds": 0,
+        "corpus_stats": 0,
+    }
     conn.execute("update agentdb.term_stats set df = df + 1 where term = 'vacuum'")
     conn.execute("update agentdb.corpus_stats set total_len = total_len + 1")
-    assert lexical_check(conn, "articles") == {"postings": 1, "term_stats": 2, "corpus_stats": 1}
+    # A pruning bound tighter than the postings would drop true hits: the check sees it.
+    conn.execute("update agentdb.term_stats set max_tf = 0 where term = 'checkpoint'")
+    assert lexical_check(conn, "articles") == {
+        "postings": 1,
+        "term_stats": 2,
+        "term_bounds": 1,
+        "corpus_stats": 1,
+    }
     conn.execute("select agentdb.lexical_rebuild('articles')")
     assert_lexical_ok(conn, "articles")
     assert postings_of(conn, "planner") == {5}
