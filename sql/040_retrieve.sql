@@ -94,11 +94,18 @@ declare
                    where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1)) x on x.chunk_id = h.chunk_id
         where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
     add_term_join constant text := replace(add_term_lookup, ' and p.chunk_id = any($1)', '');
-    -- The cand-th best known score among held chunks that pass the filter (0 if fewer pass), a hair lower so
-    -- that float rounding never drops a tie.
-    kth text := format($q$
-        select coalesce((select s.known from unnest($1::bigint[], $2::float8[]) as s(chunk_id, known) %s
-                         order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) $q$, filter_sql);
+    -- The held chunks, as a relation s(chunk_id, known).
+    held constant text := 'unnest($1::bigint[], $2::float8[]) as s(chunk_id, known)';
+    -- The cand-th best known score in relation %s (aliased s) among chunks that pass the filter (0 if fewer
+    -- pass), a hair lower so that float rounding never drops a tie.
+    kth constant text := $q$
+        select coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) $q$;
+    -- Every statement below takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
+    -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
+    -- terms after the step, and the filter's values at retrieve's positions.
+    step_terms text[];
+    step_wk float8[];
+    bound float8;
 begin
     select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
            array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
@@ -123,11 +130,11 @@ begin
         seen := seen + t_df[i];
         i := i + 1;
     end loop;
-    execute format($q$
-        select coalesce((select s.known from (%s) s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9)
-        $q$, scores, filter_sql) into theta
-        using null::bigint[], null::float8[], cand, t_term[1:i], filter_params, row_params, t_wk[1:i], k_len,
-              source_id, k_dl, null::float8, null::float8, null, exclude_doc, null, null, fq_params, ex_params;
+    step_terms := t_term[1:i];
+    step_wk := t_wk[1:i];
+    execute format(kth, '(' || scores || ') s', filter_sql) into theta
+        using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+              theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
 
     -- 2. Essential: the seed and the next terms, up to the first whose successors' bounds sum below theta; their
     --    postings are summed (the seed's again) and the chunks that can still reach theta are held.
@@ -135,37 +142,40 @@ begin
     while j < nt and after[j] >= theta loop
         j := j + 1;
     end loop;
+    step_terms := t_term[1:j];
+    step_wk := t_wk[1:j];
+    bound := after[j];
     execute format($q$
         select coalesce(array_agg(g.chunk_id), '{}'), coalesce(array_agg(g.known), '{}')
         from (%s) g where g.known + $12 >= $11 $q$, scores) into ids, known
-        using null::bigint[], null::float8[], cand, t_term[1:j], filter_params, row_params, t_wk[1:j], k_len,
-              source_id, k_dl, theta, after[j], null, exclude_doc, null, null, fq_params, ex_params;
+        using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+              theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
     if j > i then
-        execute kth into theta
-            using ids, known, cand, null::text[], filter_params, row_params, null::float8[], null::float8,
-                  null::int, null::float8, null::float8, null::float8, null, exclude_doc, null, null, fq_params,
-                  ex_params;
+        execute format(kth, held, filter_sql) into theta
+            using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+                  theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
     end if;
 
     -- 3. The rest, one term at a time.
     for i in j + 1 .. nt loop
+        step_terms := t_term[i:i];
+        step_wk := t_wk[i:i];
+        bound := after[i];
         execute case when 2 * cardinality(ids) < t_df[i] then add_term_lookup else add_term_join end
             into ids, known
-            using ids, known, cand, t_term[i:i], filter_params, row_params, t_wk[i:i], k_len, source_id, k_dl,
-                  theta, after[i], null, exclude_doc, null, null, fq_params, ex_params;
+            using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+                  theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
         if cardinality(ids) > cand then
-            execute kth into theta
-                using ids, known, cand, null::text[], filter_params, row_params, null::float8[], null::float8,
-                      null::int, null::float8, null::float8, null::float8, null, exclude_doc, null, null,
-                      fq_params, ex_params;
+            execute format(kth, held, filter_sql) into theta
+                using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+                      theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
         end if;
     end loop;
 
-    return query execute format($q$
-        select s.chunk_id, s.known from unnest($1::bigint[], $2::float8[]) as s(chunk_id, known) %s
-        order by s.known desc, s.chunk_id limit $3 $q$, filter_sql)
-        using ids, known, cand, null::text[], filter_params, row_params, null::float8[], null::float8, null::int,
-              null::float8, null::float8, null::float8, null, exclude_doc, null, null, fq_params, ex_params;
+    return query execute format('select s.chunk_id, s.known from %s %s order by s.known desc, s.chunk_id limit $3',
+                                held, filter_sql)
+        using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
+              theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
 end;
 $$;
 
