@@ -98,3 +98,30 @@ def test_a_fresh_database_is_migrated_and_writable(server_url: str, embedder: An
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
+
+
+def test_nul_characters_are_a_clear_400_on_every_endpoint(client: TestClient, conn: Any) -> None:
+    """PostgreSQL text cannot hold NUL; found by the OpenAPI fuzzer as a 500 on POST /agents."""
+    create_document_source(conn, "docs", embedding_model="all-MiniLM-L6-v2", embedding_dim=384)
+    cases = [
+        ("/agents", {"source": "do\u0000cs", "name": "t"}, "source"),
+        (
+            "/agents/retrieval",
+            {"query": "x", "queries": [{"table": "docs", "full_text_search": "a\u0000"}]},
+            "queries[0].full_text_search",
+        ),
+        ("/agents/retrieval", {"query": "x", "bad\u0000key": 1}, "bad\u0000key"),
+    ]
+    for url, body, path in cases:
+        response = client.post(url, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["name"], error["path"]) == (3007, "InvalidParamValue", path)
+    lines = b'{"_id": "a", "text": "fine"}\n{"_id": "b", "text": "bad\\u0000"}\n'
+    response = client.post(
+        "/sources/docs/documents", content=lines, headers={"content-type": "application/x-ndjson"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["path"] == "body:2.text"
+    assert conn.execute("select count(*) from agentdb_docs.docs").fetchone() == (0,)
+    # Bodies without NUL still reach their endpoints (the middleware read the body first).
+    assert client.post("/agents", json={"source": "docs", "name": "ok"}).status_code == 201

@@ -84,6 +84,37 @@ def _json_path(loc: tuple[Any, ...]) -> str:
     return out or "$"
 
 
+def _nul_path(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """The location of the first string (key or value) holding a NUL character, which PostgreSQL cannot store."""
+    if isinstance(value, str):
+        return loc if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return (*loc, key)
+        found = _nul_path(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _nul_location(body: bytes) -> str | None:
+    """The JSON path of the first NUL in a JSON body, or `body:LINE.path` in JSON lines; None if there is none."""
+    try:
+        loc = _nul_path(orjson.loads(body))
+        return None if loc is None else _json_path(loc)
+    except orjson.JSONDecodeError:
+        pass
+    for number, line in enumerate(body.splitlines(), start=1):
+        try:
+            loc = _nul_path(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue  # not JSON: the endpoint reports that itself
+        if loc is not None:
+            return f"body:{number}.{_json_path(loc)}"
+    return None
+
+
 def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None = None) -> FastAPI:
     """Build the app; with no `pool`, the lifespan opens one on DATABASE_URL or the embedded server."""
     settings = settings or Settings.from_env()
@@ -203,6 +234,13 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
                 f"request body of {length} bytes is over the limit of {settings.max_body_bytes}", path="body"
             )
             return envelope(error.to_dict(), 413)
+        # A NUL character (JSON \u0000) cannot be stored in any PostgreSQL text: refuse it here, for every
+        # endpoint, with its path, before it reaches a query as an internal error.
+        body = await request.body()
+        where = _nul_location(body) if b"\\u0000" in body else None
+        if where is not None:
+            refused = InvalidParamValue("text cannot contain the NUL character (\\u0000)", path=where)
+            return envelope(refused.to_dict(), 400)
         response: Response = await call_next(request)
         return response
 
