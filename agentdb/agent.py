@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool, principal_scope
 from agentdb.config import Settings
@@ -27,12 +27,14 @@ from agentdb.retrieval import Hit, Mode, Result, retrieve
 from agentdb.sources import get_source
 
 MERGE_RRF_K = 60
+# Query texts are questions, not documents: longer ones are refused before they reach the database.
+MAX_QUERY_CHARS = 10_000
 
 
 class FullTextSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    match: str
+    match: str = Field(max_length=MAX_QUERY_CHARS)
     field: str | None = None
 
 
@@ -42,7 +44,7 @@ class QuerySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     table: str
-    semantic_search: str | None = None
+    semantic_search: str | None = Field(None, max_length=MAX_QUERY_CHARS)
     full_text_search: str | FullTextSearch | None = None
     retrieval_mode: Mode | None = None
     filter: dict[str, Any] | None = None
@@ -52,6 +54,13 @@ class QuerySpec(BaseModel):
     limit: int = Field(10, ge=1, le=1000)
     threshold: float = Field(0.5, ge=0, le=2)
     rrf_k: int = Field(60, ge=1, le=1000)
+
+    @field_validator("full_text_search")
+    @classmethod
+    def _short_text(cls, value: str | FullTextSearch | None) -> str | FullTextSearch | None:
+        if isinstance(value, str) and len(value) > MAX_QUERY_CHARS:
+            raise ValueError(f"String should have at most {MAX_QUERY_CHARS} characters")
+        return value
 
 
 class RetrievalOptions(BaseModel):
@@ -74,7 +83,7 @@ class Steps(BaseModel):
 class RetrievalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(max_length=10_000)
+    query: str = Field(max_length=MAX_QUERY_CHARS)
     queries: list[QuerySpec] = Field(min_length=1, max_length=8)
     stream: bool = False
     diagnostics: bool = False
@@ -236,7 +245,7 @@ def validate(
             raise
         if principal is not None:
             for name in ("filter", "filter_query", "exclusion_query"):
-                check_filter(conn, principal, source, getattr(spec, name), path=name)
+                check_filter(conn, principal, source, getattr(spec, name), path=f"queries[{i}].{name}")
         projections.append(fields)
     return plan
 

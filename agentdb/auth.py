@@ -315,22 +315,32 @@ def check_fields(principal: Principal, fields: list[str] | None, path: str = "fi
     return list(fields)
 
 
+def visible_source(principal: Principal | None, source: Source) -> Source:
+    """`source` as `principal` may see it: only the metadata fields of its field grant (listings, filter
+    validation and hints never name a hidden field)."""
+    if principal is None or principal.fields is None:
+        return source
+    granted = set(principal.fields)
+    return source.model_copy(update={"fields": [f for f in source.fields if f.name in granted]})
+
+
 def check_filter(
     conn: psycopg.Connection[Any], principal: Principal, source: Source, filter: Any, path: str = "filter"
 ) -> None:
     """Forbidden (1403) when `filter` reads a field outside the principal's field grant: filtering on a
-    hidden field would reveal its values through which rows match. A filter that is invalid for the
-    source is 3007 as usual."""
-    validate_filter(conn, source, filter, path)
-    if principal.fields is None:
-        return
-    visible = source.model_copy(update={"fields": [f for f in source.fields if f.name in principal.fields]})
+    hidden field would reveal its values through which rows match. The filter is compiled against the
+    granted fields only, so a hidden field and a field that does not exist answer alike (403), and no
+    message or hint names a hidden field. Any other invalid filter is 3007 as usual."""
+    visible = visible_source(principal, source)
     try:
         validate_filter(conn, visible, filter, path)
     except InvalidParamValue as exc:
+        if visible is source or "filter.unknown_field" not in exc.message:
+            raise
         raise Forbidden(
             f"the filter reads a field that principal {principal.name!r} may not read ({exc.message})",
             path=exc.path,
+            hint=exc.hint,
         ) from None
 
 
@@ -377,4 +387,5 @@ __all__ = [
     "delete_principal",
     "list_principals",
     "principal_scope",
+    "visible_source",
 ]

@@ -22,6 +22,9 @@ class Settings:
     pool_max_size: int = 10
     statement_timeout_ms: int = 30_000
     max_body_bytes: int = 32 * 1024 * 1024
+    # Extra Host names and Origins a keyless (no principals) server answers besides its own loopback ones.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
 
@@ -37,6 +40,8 @@ class Settings:
             embedding_model=env.get("AGENTDB_MODEL", DEFAULT_MODEL),
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
+            allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),
+            allowed_origins=_names(env.get("AGENTDB_ALLOWED_ORIGINS")),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
         )
@@ -44,3 +49,8 @@ class Settings:
         if "data_dir" in given:
             given["data_dir"] = Path(str(given["data_dir"]))
         return replace(settings, **given)  # type: ignore[arg-type]
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated environment list."""
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 import orjson
+import psycopg
 from pydantic import BaseModel, ValidationError
 
 # Stored functions raise agentdb errors with this SQLSTATE and a JSON detail {"code", "name", "path"}.
@@ -154,8 +155,16 @@ def from_db_error(exc: Exception) -> AgentDBError | None:
             "the query ran past the statement timeout and was cancelled",
             hint="narrow the query (filter, smaller limit) or raise AGENTDB_STATEMENT_TIMEOUT_MS",
         )
+    state = getattr(exc, "sqlstate", None) or ""
     diag = getattr(exc, "diag", None)
-    if diag is None or getattr(exc, "sqlstate", None) != DB_ERROR_SQLSTATE:
+    if state[:2] in ("22", "54") and diag is not None:
+        # A value the database cannot take (data exception) or a query past its limits (e.g. "string is
+        # too long for tsvector"): the request is at fault, not the database.
+        return InvalidParamValue(
+            f"the database refused a value of the request: {diag.message_primary}",
+            hint="shorten or correct the input named in the message",
+        )
+    if diag is None or state != DB_ERROR_SQLSTATE:
         return None
     try:
         detail = orjson.loads(diag.message_detail or "{}")
@@ -163,6 +172,15 @@ def from_db_error(exc: Exception) -> AgentDBError | None:
         detail = {}
     cls = ERRORS_BY_CODE.get(int(detail.get("code", 0)), AgentDBError)
     return cls(diag.message_primary or "error", path=detail.get("path"), hint=diag.message_hint)
+
+
+def is_outage(exc: Exception) -> bool:
+    """Whether a database error means the database is unreachable, overloaded or shutting down (503, retry)
+    rather than a problem of the request. A lost connection carries no SQLSTATE."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return state[:2] in ("08", "53") or state in ("57P01", "57P02", "57P03")
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

@@ -1,6 +1,13 @@
 """Saved agents: a named Retrieve step whose structural parameters are fixed and whose mutable ones
 (filter, top_k, threshold, retrieval_mode, rrf_k) can be changed; a filter that does not compile is
-rejected and the previous one stays in force."""
+rejected and the previous one stays in force.
+
+An agent belongs to the principal that created it (None: created without keys, in local development).
+Names are unique per owner: every lookup is by (owner, name), so another principal's agent is as absent
+as one that does not exist, and a name collision (409) can only be with one's own agent. Creating,
+changing and running an agent need the `search` tool and a grant on its source, and its filter is checked
+against the caller's field grant at each of these steps (authorize), so a stored filter can never read a
+field the caller could not filter on directly."""
 
 from __future__ import annotations
 
@@ -10,10 +17,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentdb.agent import MAX_QUERY_CHARS
+from agentdb.auth import Principal, check_filter, check_table, check_tool
 from agentdb.errors import Conflict, InvalidAgentId, InvalidParamValue, ParamNotMutable, parse_params
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
-from agentdb.sources import get_source
+from agentdb.sources import Source, get_source
 
 STRUCTURAL = ("name", "source", "input", "storage", "schema")
 MUTABLE = ("filter", "top_k", "threshold", "retrieval_mode", "rrf_k", "generation")
@@ -36,50 +45,89 @@ class RetrieveParams(BaseModel):
 class SavedAgentIn(RetrieveParams):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     source: str
-    input: str = ""
+    input: str = Field("", max_length=MAX_QUERY_CHARS)
 
 
 class SavedAgent(SavedAgentIn):
     model_config = ConfigDict(extra="ignore")
 
 
-def _row(conn: psycopg.Connection[Any], name: str) -> SavedAgent:
+def _owner_key(owner: Principal | None) -> int:
+    """The owner as stored in the unique index: the principal's id, 0 for no principal."""
+    return 0 if owner is None else owner.id
+
+
+def authorize(
+    conn: psycopg.Connection[Any], caller: Principal | None, source_name: str, filter: Any
+) -> Source:
+    """The agent's source, after checking that `caller` may search it with `filter`: the `search` tool,
+    the table grant (403 at `source`, before anything says whether the source exists) and the field grant
+    (403 when the filter reads a hidden field); a filter that does not compile is 3007 at `filter...`."""
+    if caller is None:
+        source = get_source(conn, source_name)
+        validate_filter(conn, source, filter)
+        return source
+    check_tool(caller, "search")
+    check_table(caller, source_name, path="source")
+    source = get_source(conn, source_name)
+    check_filter(conn, caller, source, filter, path="filter")
+    return source
+
+
+def get_agent(conn: psycopg.Connection[Any], owner: Principal | None, name: str) -> SavedAgent:
+    """`owner`'s agent `name`; 3001 when it has none of that name (whoever else might)."""
     row = conn.execute(
-        "select name, source, input, params from agentdb.saved_agents where name = %s", (name,)
+        "select name, source, input, params from agentdb.saved_agents"
+        " where coalesce(owner_id, 0) = %s and name = %s",
+        (_owner_key(owner), name),
     ).fetchone()
     if row is None:
         raise InvalidAgentId(f"unknown agent {name!r}", path="name")
     return SavedAgent(name=row[0], source=row[1], input=row[2], **row[3])
 
 
-def create_agent(conn: psycopg.Connection[Any], spec: SavedAgentIn) -> SavedAgent:
-    source = get_source(conn, spec.source)
-    validate_filter(conn, source, spec.filter)
+def create_agent(conn: psycopg.Connection[Any], owner: Principal | None, spec: SavedAgentIn) -> SavedAgent:
+    authorize(conn, owner, spec.source, spec.filter)
     GenerationStep.parse(spec.generation, path="generation")
     params = RetrieveParams(**spec.model_dump(include=set(MUTABLE)))
     with conn.transaction():
         done = conn.execute(
-            "insert into agentdb.saved_agents (name, source, input, params) values (%s, %s, %s, %s)"
-            " on conflict (name) do nothing returning name",
-            (spec.name, spec.source, spec.input, Jsonb(params.model_dump())),
+            "insert into agentdb.saved_agents (owner_id, name, source, input, params)"
+            " values (%s, %s, %s, %s, %s)"
+            " on conflict ((coalesce(owner_id, 0)), name) do nothing returning name",
+            (
+                None if owner is None else owner.id,
+                spec.name,
+                spec.source,
+                spec.input,
+                Jsonb(params.model_dump()),
+            ),
         ).fetchone()
     if done is None:
-        raise Conflict(f"agent {spec.name!r} already exists", path="name")
-    return get_agent(conn, spec.name)
+        raise Conflict(f"you already have an agent named {spec.name!r}", path="name")
+    return get_agent(conn, owner, spec.name)
 
 
-def get_agent(conn: psycopg.Connection[Any], name: str) -> SavedAgent:
-    return _row(conn, name)
+def list_agents(conn: psycopg.Connection[Any], owner: Principal | None) -> list[SavedAgent]:
+    """`owner`'s agents, by name (only those on sources it may still read)."""
+    rows = conn.execute(
+        "select name, source, input, params from agentdb.saved_agents"
+        " where coalesce(owner_id, 0) = %s order by name",
+        (_owner_key(owner),),
+    ).fetchall()
+    agents = [SavedAgent(name=r[0], source=r[1], input=r[2], **r[3]) for r in rows]
+    return [a for a in agents if owner is None or a.source in owner.tables]
 
 
-def list_agents(conn: psycopg.Connection[Any]) -> list[SavedAgent]:
-    rows = conn.execute("select name from agentdb.saved_agents order by name").fetchall()
-    return [_row(conn, r[0]) for r in rows]
-
-
-def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any]) -> SavedAgent:
-    """Change mutable parameters; structural ones are 3006, a bad value (or filter) 3007 and nothing changes."""
-    current = _row(conn, name)
+def patch_agent(
+    conn: psycopg.Connection[Any], owner: Principal | None, name: str, changes: dict[str, Any]
+) -> SavedAgent:
+    """Change mutable parameters; structural ones are 3006, a bad value (or filter) 3007, a filter on a
+    field outside the owner's grant 403, and nothing changes."""
+    current = get_agent(conn, owner, name)
+    if owner is not None:
+        check_tool(owner, "search")
+        check_table(owner, current.source, path="source")
     for key in changes:
         if key in STRUCTURAL:
             raise ParamNotMutable(f"{key!r} is structural: it is fixed when the agent is created", path=key)
@@ -89,21 +137,22 @@ def patch_agent(conn: psycopg.Connection[Any], name: str, changes: dict[str, Any
             )
     merged = {**current.model_dump(include=set(MUTABLE)), **changes}
     params = parse_params(RetrieveParams, merged, path="")
-    if "filter" in changes:
-        validate_filter(conn, get_source(conn, current.source), params.filter)
+    authorize(conn, owner, current.source, params.filter)
     if "generation" in changes:
         GenerationStep.parse(params.generation, path="generation")
     with conn.transaction():
         conn.execute(
-            "update agentdb.saved_agents set params = %s, updated_at = now() where name = %s",
-            (Jsonb(params.model_dump()), name),
+            "update agentdb.saved_agents set params = %s, updated_at = now()"
+            " where coalesce(owner_id, 0) = %s and name = %s",
+            (Jsonb(params.model_dump()), _owner_key(owner), name),
         )
-    return _row(conn, name)
+    return get_agent(conn, owner, name)
 
 
-def delete_agent(conn: psycopg.Connection[Any], name: str) -> None:
-    if (
-        conn.execute("delete from agentdb.saved_agents where name = %s returning name", (name,)).fetchone()
-        is None
-    ):
+def delete_agent(conn: psycopg.Connection[Any], owner: Principal | None, name: str) -> None:
+    gone = conn.execute(
+        "delete from agentdb.saved_agents where coalesce(owner_id, 0) = %s and name = %s returning name",
+        (_owner_key(owner), name),
+    ).fetchone()
+    if gone is None:
         raise InvalidAgentId(f"unknown agent {name!r}", path="name")

@@ -40,7 +40,7 @@ def fake() -> Iterator[tuple[FakeAnthropicAPI, str]]:
 @pytest.fixture
 def client(db_url: str, embedder: Any, fake: tuple[FakeAnthropicAPI, str]) -> Iterator[TestClient]:
     settings = Settings(database_url=db_url, anthropic_api_key=API_KEY, anthropic_base_url=fake[1])
-    with TestClient(create_app(settings)) as test_client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as test_client:
         assert test_client.post("/sources/runbooks/documents", json=DOCS).status_code == 200
         yield test_client
 
@@ -119,7 +119,7 @@ def test_deepening_rounds_follow_the_judge(client: TestClient, fake: Any) -> Non
 
 def test_expand_window_merges_neighbour_chunks(db_url: str, embedder: Any) -> None:
     long_text = " ".join(f"sentence{i} about wal archiving and base backups." for i in range(80))
-    with TestClient(create_app(Settings(database_url=db_url))) as client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         client.post("/sources/long/documents", json=[{"_id": "manual", "text": long_text}])
         query = {"table": "long", "full_text_search": "sentence40 archiving", "limit": 1}
         plain = client.post(
@@ -141,7 +141,7 @@ def test_expand_window_merges_neighbour_chunks(db_url: str, embedder: Any) -> No
 def test_without_a_key_generation_is_a_clear_error_and_retrieval_still_works(
     db_url: str, embedder: Any
 ) -> None:
-    with TestClient(create_app(Settings(database_url=db_url))) as client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         client.post("/sources/runbooks/documents", json=DOCS)
         refused = client.post(
             "/agents/retrieval",

@@ -17,7 +17,7 @@ from agentdb.sources import FieldSpec, create_document_source
 
 @pytest.fixture
 def client(db_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(database_url=db_url))) as test_client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as test_client:
         yield test_client
 
 
@@ -62,7 +62,9 @@ def test_errors_use_the_envelope(client: TestClient) -> None:
 def test_exhausted_pool_is_503_with_retry_after(db_url: str) -> None:
     pool = open_pool(db_url, min_size=1, max_size=1, timeout=0.5)
     try:
-        with TestClient(create_app(Settings(database_url=db_url), pool=pool)) as test_client:
+        with TestClient(
+            create_app(Settings(database_url=db_url), pool=pool), base_url="http://127.0.0.1"
+        ) as test_client:
             with pool.connection():
                 response = test_client.get("/healthz")
             assert response.status_code == 503
@@ -90,7 +92,10 @@ def test_a_fresh_database_is_migrated_and_writable(server_url: str, embedder: An
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
     try:
-        with TestClient(create_app(Settings(database_url=make_conninfo(server_url, dbname=name)))) as client:
+        with TestClient(
+            create_app(Settings(database_url=make_conninfo(server_url, dbname=name))),
+            base_url="http://127.0.0.1",
+        ) as client:
             response = client.post(
                 "/sources/notes/documents", json=[{"_id": "a", "text": "vector types work"}]
             )

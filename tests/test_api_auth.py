@@ -63,7 +63,7 @@ def served(conn: Any, db_url: str) -> Iterator[tuple[TestClient, dict[str, Any],
         )[1],
         "searchless": create_principal(conn, "searchless", tables=["ops"], tools=["tree_search"])[1],
     }
-    with TestClient(create_app(Settings(database_url=db_url))) as client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         yield client, keys, docs
 
 
@@ -105,7 +105,9 @@ def test_401_and_403_come_before_any_query(served: Any) -> None:
 
 def test_refuses_to_serve_openly_on_a_public_address(db_url: str) -> None:
     with pytest.raises(Exception, match="refusing to serve on 0.0.0.0 without principals"):
-        with TestClient(create_app(Settings(database_url=db_url, host="0.0.0.0"))):  # noqa: S104
+        with TestClient(
+            create_app(Settings(database_url=db_url, host="0.0.0.0")), base_url="http://127.0.0.1"
+        ):  # noqa: S104
             pass
 
 

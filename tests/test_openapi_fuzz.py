@@ -17,7 +17,7 @@ from agentdb.config import Settings
 
 def test_every_operation_survives_generated_requests(db_url: str, embedder: Any) -> None:
     app = create_app(Settings(database_url=db_url))
-    with TestClient(app) as client:  # runs the lifespan: pool, migrations
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # runs the lifespan: pool, migrations
         client.post(
             "/sources/docs/documents",
             json=[

@@ -54,7 +54,7 @@ NOTES = [
 
 @pytest.fixture
 def client(db_url: str, embedder: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(database_url=db_url))) as test_client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as test_client:
         assert test_client.post("/sources/runbooks/documents", json=RUNBOOKS).status_code == 200
         ndjson = b"\n".join(orjson.dumps(n) for n in NOTES)
         response = test_client.post(
@@ -247,7 +247,9 @@ def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> N
 
 
 def test_body_size_limit_is_413(db_url: str) -> None:
-    with TestClient(create_app(Settings(database_url=db_url, max_body_bytes=1000))) as small:
+    with TestClient(
+        create_app(Settings(database_url=db_url, max_body_bytes=1000)), base_url="http://127.0.0.1"
+    ) as small:
         response = small.post(
             "/agents/retrieval", content=b"x" * 5000, headers={"content-type": "application/json"}
         )
@@ -255,7 +257,9 @@ def test_body_size_limit_is_413(db_url: str) -> None:
 
 
 def test_statement_timeout_is_a_clear_error(db_url: str, client: TestClient) -> None:
-    with TestClient(create_app(Settings(database_url=db_url, statement_timeout_ms=1))) as hasty:
+    with TestClient(
+        create_app(Settings(database_url=db_url, statement_timeout_ms=1)), base_url="http://127.0.0.1"
+    ) as hasty:
         response = hasty.post(
             "/agents/retrieval",
             json={

@@ -6,12 +6,12 @@ from typing import Any
 
 import psycopg
 from fastapi import APIRouter, Body, Depends, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agentdb import saved_agents
-from agentdb.agent import read_scope
+from agentdb.agent import MAX_QUERY_CHARS, read_scope
 from agentdb.api.deps import connection, principal
-from agentdb.auth import Principal, check_table, check_tool
+from agentdb.auth import Principal, check_fields
 from agentdb.generation import GenerationStep, generate
 from agentdb.llm import UsageMeter, resolve_model
 from agentdb.retrieval import retrieve
@@ -20,7 +20,7 @@ router = APIRouter(tags=["agents"])
 
 
 class RunRequest(BaseModel):
-    input: str = ""
+    input: str = Field("", max_length=MAX_QUERY_CHARS)
 
 
 class RunResponse(BaseModel):
@@ -31,20 +31,14 @@ class RunResponse(BaseModel):
     usage: dict[str, int]
 
 
-def _allowed(caller: Principal | None, agent: saved_agents.SavedAgent) -> None:
-    if caller is not None:
-        check_tool(caller, "search")
-        check_table(caller, agent.source, path="source")
-
-
 @router.post("/agents", response_model=saved_agents.SavedAgent, status_code=201)
 def create(
     spec: saved_agents.SavedAgentIn,
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> saved_agents.SavedAgent:
-    _allowed(caller, saved_agents.SavedAgent(**spec.model_dump()))
-    return saved_agents.create_agent(conn, spec)
+    """Create an agent owned by the caller (needs the `search` tool and a grant on its source)."""
+    return saved_agents.create_agent(conn, caller, spec)
 
 
 @router.get("/agents", response_model=list[saved_agents.SavedAgent])
@@ -52,8 +46,8 @@ def list_all(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> list[saved_agents.SavedAgent]:
-    agents = saved_agents.list_agents(conn)
-    return [a for a in agents if caller is None or a.source in caller.tables]
+    """The caller's own agents."""
+    return saved_agents.list_agents(conn, caller)
 
 
 @router.get("/agents/{name}", response_model=saved_agents.SavedAgent)
@@ -62,8 +56,8 @@ def read(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> saved_agents.SavedAgent:
-    agent = saved_agents.get_agent(conn, name)
-    _allowed(caller, agent)
+    agent = saved_agents.get_agent(conn, caller, name)
+    saved_agents.authorize(conn, caller, agent.source, agent.filter)
     return agent
 
 
@@ -74,8 +68,7 @@ def change(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> saved_agents.SavedAgent:
-    _allowed(caller, saved_agents.get_agent(conn, name))
-    return saved_agents.patch_agent(conn, name, changes)
+    return saved_agents.patch_agent(conn, caller, name, changes)
 
 
 @router.delete("/agents/{name}", status_code=204)
@@ -84,8 +77,7 @@ def delete(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> None:
-    _allowed(caller, saved_agents.get_agent(conn, name))
-    saved_agents.delete_agent(conn, name)
+    saved_agents.delete_agent(conn, caller, name)
 
 
 @router.post("/agents/{name}/run", response_model=RunResponse)
@@ -97,8 +89,10 @@ def run(
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> RunResponse:
     """Run the agent's Retrieve step: its own `input` when set, else the run's input (seed 001)."""
-    agent = saved_agents.get_agent(conn, name)
-    _allowed(caller, agent)
+    agent = saved_agents.get_agent(conn, caller, name)
+    # The running caller's grant applies, checked again now (it is also what the run reads under).
+    saved_agents.authorize(conn, caller, agent.source, agent.filter)
+    fields = check_fields(caller, None) if caller is not None else None
     text = agent.input or body.input
     step = GenerationStep.parse(agent.generation, path="generation")
     model = None
@@ -118,7 +112,7 @@ def run(
             threshold=agent.threshold,
             filter=agent.filter,
             row_filter=caller.row_filter if caller else None,
-            fields=list(caller.fields) if caller and caller.fields is not None else None,
+            fields=fields,
         )
     answer = None
     if model is not None:

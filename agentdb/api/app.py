@@ -20,8 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentdb import __version__
 from agentdb.agent import read_scope
 from agentdb.api import agents, documents, retrieval
-from agentdb.api.deps import connection, principal
-from agentdb.auth import Principal, any_principals, check_table
+from agentdb.api.deps import connection, is_loopback, principal
+from agentdb.api.guard import RequestGuard, json_path
+from agentdb.auth import Principal, any_principals, check_table, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import migrate
@@ -31,8 +32,8 @@ from agentdb.errors import (
     DatabaseSetupError,
     DatabaseUnavailable,
     InvalidParamValue,
-    PayloadTooLarge,
     from_db_error,
+    is_outage,
 )
 from agentdb.sources import FieldSpec, Source, get_source, list_sources
 
@@ -73,46 +74,6 @@ class SourceOut(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 503)
 }
-
-
-def _json_path(loc: tuple[Any, ...]) -> str:
-    # The first element names where the value came from (body, query string, path, header).
-    parts = [str(p) for p in (loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)]
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out or "$"
-
-
-def _nul_path(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
-    """The location of the first string (key or value) holding a NUL character, which PostgreSQL cannot store."""
-    if isinstance(value, str):
-        return loc if "\x00" in value else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        if isinstance(key, str) and "\x00" in key:
-            return (*loc, key)
-        found = _nul_path(item, (*loc, key))
-        if found is not None:
-            return found
-    return None
-
-
-def _nul_location(body: bytes) -> str | None:
-    """The JSON path of the first NUL in a JSON body, or `body:LINE.path` in JSON lines; None if there is none."""
-    try:
-        loc = _nul_path(orjson.loads(body))
-        return None if loc is None else _json_path(loc)
-    except orjson.JSONDecodeError:
-        pass
-    for number, line in enumerate(body.splitlines(), start=1):
-        try:
-            loc = _nul_path(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue  # not JSON: the endpoint reports that itself
-        if loc is not None:
-            return f"body:{number}.{_json_path(loc)}"
-    return None
 
 
 def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None = None) -> FastAPI:
@@ -158,7 +119,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        error = InvalidParamValue(str(first.get("msg")), path=_json_path(tuple(first.get("loc", ()))))
+        error = InvalidParamValue(str(first.get("msg")), path=json_path(tuple(first.get("loc", ()))))
         return envelope(error.to_dict(), 400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -174,7 +135,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     @app.exception_handler(psycopg.Error)
     async def database_error(request: Request, exc: psycopg.Error) -> Response:
         mapped = from_db_error(exc)
-        if mapped is None and isinstance(exc, psycopg.OperationalError):
+        if mapped is None and is_outage(exc):
             mapped = DatabaseUnavailable("the database is unavailable; retry shortly")
         if mapped is None:
             log.error("database error on %s %s: %s", request.method, request.url.path, exc)
@@ -215,7 +176,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             check_table(caller, name, path="name")
         found = get_source(conn, name)
         with read_scope(conn, caller):  # counts under the caller's row security
-            return source_out(conn, found)
+            return source_out(conn, visible_source(caller, found))
 
     @app.get("/sources", response_model=list[SourceOut])
     def sources(
@@ -224,33 +185,13 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     ) -> list[SourceOut]:
         visible = [s for s in list_sources(conn) if caller is None or s.name in caller.tables]
         with read_scope(conn, caller):
-            return [source_out(conn, s) for s in visible]
+            return [source_out(conn, visible_source(caller, s)) for s in visible]
 
-    @app.middleware("http")
-    async def limit_body_size(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            error = PayloadTooLarge(
-                f"request body of {length} bytes is over the limit of {settings.max_body_bytes}", path="body"
-            )
-            return envelope(error.to_dict(), 413)
-        # A NUL character (JSON \u0000) cannot be stored in any PostgreSQL text: refuse it here, for every
-        # endpoint, with its path, before it reaches a query as an internal error.
-        body = await request.body()
-        where = _nul_location(body) if b"\\u0000" in body else None
-        if where is not None:
-            refused = InvalidParamValue("text cannot contain the NUL character (\\u0000)", path=where)
-            return envelope(refused.to_dict(), 400)
-        response: Response = await call_next(request)
-        return response
-
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
     app.include_router(retrieval.router)
     app.include_router(agents.router)
     app.include_router(documents.router)
     return app
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def guard_open_access(host: str, has_principals: bool) -> None:
@@ -258,7 +199,7 @@ def guard_open_access(host: str, has_principals: bool) -> None:
     if has_principals:
         log.info("API keys required: principals are defined")
         return
-    if host in LOOPBACK or host.startswith("127."):
+    if is_loopback(host):
         log.warning("no principals defined: every request is allowed (local development on %s)", host)
         return
     raise DatabaseSetupError(

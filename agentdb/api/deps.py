@@ -3,31 +3,64 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from fastapi import Depends, Request
-from psycopg_pool import PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agentdb.auth import Principal, any_principals, authenticate
-from agentdb.errors import DatabaseUnavailable
+from agentdb.config import Settings
+from agentdb.errors import DatabaseUnavailable, Forbidden, is_outage
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
+# How long a request waits for a pooled connection before asking whether the database is up at all.
+FIRST_WAIT_S = 0.5
+
+
+@contextmanager
+def _checkout(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection. When none comes within FIRST_WAIT_S, a direct connection attempt tells an outage
+    (503 at once, instead of after the pool's whole timeout) from a busy pool (wait the rest)."""
+    try:
+        conn = pool.getconn(timeout=FIRST_WAIT_S)
+    except PoolTimeout:
+        try:
+            psycopg.connect(str(pool.conninfo), connect_timeout=2).close()
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"the database is unavailable: {str(exc).strip().splitlines()[0]}"
+            ) from exc
+        conn = pool.getconn(timeout=max(pool.timeout - FIRST_WAIT_S, 0.1))
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
 
 
 def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
     """A connection from the pool for one request; 503 (with Retry-After) when none is free or the
-    database is down."""
+    database is down. Errors of the request itself (bad input, a statement timeout) pass through."""
     settings = request.app.state.settings
     try:
-        with request.app.state.pool.connection() as conn:
+        with _checkout(request.app.state.pool) as conn:
             conn.execute(
                 "select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),)
             )
             yield conn
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
-    except psycopg.errors.QueryCanceled:
-        raise  # the statement timeout (an OperationalError too) is the caller's 400, not an outage
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
+        if not is_outage(exc):
+            raise
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
 
 
@@ -35,7 +68,46 @@ def principal(
     request: Request,
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
 ) -> Principal | None:
-    """The authenticated principal, or None in local development (no principals defined, loopback bind)."""
-    if not any_principals(conn):
-        return None
-    return authenticate(conn, request.headers.get("authorization"))
+    """The authenticated principal, or None in local development (no principals defined, loopback bind).
+
+    Whether principals exist is decided on every request, so a server that loses its last principal does
+    not open up: bound to a non-loopback address it then refuses every request. A keyless server also
+    answers only requests addressed to it by a loopback name (or a configured one: DNS rebinding) and not
+    sent by another site's page (a browser's Origin header; cross-site request forgery)."""
+    if any_principals(conn):
+        return authenticate(conn, request.headers.get("authorization"))
+    settings: Settings = request.app.state.settings
+    if not is_loopback(settings.host):
+        raise Forbidden(
+            f"this server listens on {settings.host} and no principal exists: it answers no request",
+            hint="create one with `agentdb principal create NAME --tables ...`, or serve on 127.0.0.1",
+        )
+    check_local_request(request, settings)
+    return None
+
+
+def check_local_request(request: Request, settings: Settings) -> None:
+    """Forbidden unless the Host header names this machine (or a configured name) and the Origin, when a
+    browser sends one, is this server's own (or a configured one)."""
+    host = urlsplit(f"//{request.headers.get('host', '')}").hostname or ""
+    if not (is_loopback(host) or host in settings.allowed_hosts):
+        raise Forbidden(
+            f"a server without principals answers only requests to a loopback address, not to {host!r}",
+            path="host",
+            hint="add the name to AGENTDB_ALLOWED_HOSTS, or create a principal and send its key",
+        )
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    parts = urlsplit(origin)
+    own = (
+        parts.scheme in ("http", "https")
+        and is_loopback(parts.hostname or "")
+        and ((parts.port or (443 if parts.scheme == "https" else 80)) == settings.port)
+    )
+    if not (own or origin in settings.allowed_origins):
+        raise Forbidden(
+            f"a server without principals does not answer requests from another site's page ({origin})",
+            path="origin",
+            hint="add the origin to AGENTDB_ALLOWED_ORIGINS, or create a principal and send its key",
+        )

@@ -34,13 +34,18 @@ def configure(conn: psycopg.Connection[Any]) -> None:
 
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 10.0) -> ConnectionPool:
     """Open a pool of autocommit connections on `url` (agentdb's `conn.transaction()` blocks are then real
-    transactions); each connection is configured once when it is created."""
+    transactions); each connection is configured once when it is created. Connections are checked when
+    they are handed out, so one left broken by a server restart is replaced instead of failing a request,
+    and reconnection attempts give up after 10 s (then start afresh, without a long backoff), so the pool
+    refills soon after the server is back."""
     pool = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
         configure=configure,
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=10.0,
         open=False,
         kwargs={"autocommit": True},
     )

@@ -1,0 +1,158 @@
+"""Generated hostile requests against every kind of route (real app, real database, real embedder): huge
+integers, lone surrogates, NUL characters, deep nesting and big arrays, placed anywhere in a request. None
+may produce a 500; every refusal is the error envelope with a code and a name."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentdb.api import create_app
+from agentdb.config import Settings
+
+CASES = 2000
+
+surrogates = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+hostile_text = st.one_of(
+    st.text(max_size=20),
+    st.text(alphabet=st.one_of(surrogates, st.just("\x00"), st.characters()), max_size=20),
+    st.sampled_from(["backup", "wal", "acme", "level", "tenant", "$and", "\x00", "\ud800", "\udfff"]),
+)
+hostile_int = st.one_of(
+    st.integers(-5, 5),
+    st.integers(min_value=2**63 - 2, max_value=2**200),
+    st.integers(min_value=-(2**200), max_value=-(2**63) + 2),
+)
+leaf = st.one_of(hostile_text, hostile_int, st.floats(), st.booleans(), st.none())
+deep = st.integers(20, 700).flatmap(lambda depth: leaf.map(lambda value: _nest(depth, value)))
+big_array = st.integers(500, 3000).map(lambda n: list(range(n)))
+value = st.one_of(leaf, deep, big_array, st.lists(leaf, max_size=5))
+field = st.one_of(st.sampled_from(["level", "tenant", "tags", "title"]), hostile_text)
+filters = st.recursive(
+    st.dictionaries(field, value, max_size=3),
+    lambda inner: st.one_of(
+        st.dictionaries(st.sampled_from(["$and", "$or"]), st.lists(inner, max_size=3), min_size=1),
+        st.dictionaries(
+            field, st.dictionaries(st.sampled_from(["$in", "$gte", "$ne", "$not"]), value), max_size=2
+        ),
+        st.fixed_dictionaries(
+            {"op": st.sampled_from(["and", "eq", "in"]), "args": st.lists(inner, max_size=2)}
+        ),
+    ),
+    max_leaves=8,
+)
+query = st.fixed_dictionaries(
+    {"table": st.one_of(st.just("docs"), hostile_text)},
+    optional={
+        "full_text_search": value,
+        "semantic_search": value,
+        "filter": st.one_of(filters, value),
+        "filter_query": st.one_of(filters, value),
+        "fields": st.one_of(st.lists(field, max_size=3), value),
+        "limit": value,
+        "threshold": value,
+    },
+)
+retrieval = st.fixed_dictionaries(
+    {"query": st.one_of(hostile_text, value), "queries": st.lists(query, min_size=1, max_size=3)},
+    optional={"diagnostics": value, "steps": st.dictionaries(hostile_text, value, max_size=2)},
+)
+saved_agent = st.fixed_dictionaries(
+    {"name": st.one_of(st.just("fz"), hostile_text), "source": st.one_of(st.just("docs"), hostile_text)},
+    optional={"filter": st.one_of(filters, value), "top_k": value, "input": value, "retrieval_mode": value},
+)
+documents = st.lists(
+    st.fixed_dictionaries(
+        {"_id": st.one_of(st.just("f1"), hostile_text)},
+        optional={"text": value, "title": value, "level": value, "tenant": value, "embedding": value},
+    ),
+    max_size=3,
+)
+path_part = st.one_of(
+    st.just("a1"),
+    st.lists(st.sampled_from(["a", "%00", "d", "/", "%ed%a0%80", "%ff", "%"]), max_size=6).map("".join),
+)
+requests = st.one_of(
+    st.tuples(st.just("POST"), st.just("/agents/retrieval"), retrieval),
+    st.tuples(st.just("POST"), st.just("/agents"), saved_agent),
+    st.tuples(
+        st.just("PATCH"),
+        st.just("/agents/a1"),
+        st.dictionaries(st.sampled_from(["filter", "top_k", "rrf_k"]), st.one_of(filters, value), max_size=2),
+    ),
+    st.tuples(st.just("POST"), st.just("/agents/a1/run"), st.fixed_dictionaries({"input": value})),
+    st.tuples(st.just("POST"), st.just("/sources/docs/documents"), documents),
+    st.tuples(st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/agents/{p}"), st.none()),
+    st.tuples(
+        st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/sources/docs/documents/{p}"), st.none()
+    ),
+)
+
+
+def _nest(depth: int, value: Any) -> Any:
+    for i in range(depth):
+        value = [value] if i % 2 else {"$and": value}
+    return value
+
+
+def test_no_generated_hostile_request_is_a_500(db_url: str, embedder: Any) -> None:
+    statuses: Counter[int] = Counter()
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        seeded = client.post(
+            "/sources/docs/documents",
+            json=[
+                {
+                    "_id": "a",
+                    "title": "Backups",
+                    "text": "Archive the write-ahead log.",
+                    "tenant": "acme",
+                    "level": 2,
+                    "tags": ["x"],
+                },
+                {
+                    "_id": "b",
+                    "title": "Vacuum",
+                    "text": "Reclaim dead tuples.",
+                    "tenant": "globex",
+                    "level": 4,
+                    "tags": ["y"],
+                },
+            ],
+        )
+        assert seeded.status_code == 200, seeded.text
+        assert (
+            client.post(
+                "/agents", json={"name": "a1", "source": "docs", "retrieval_mode": "lexical"}
+            ).status_code
+            == 201
+        )
+
+        @given(request=requests)
+        @settings(
+            max_examples=CASES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def check(request: tuple[str, str, Any]) -> None:
+            method, path, body = request
+            # the standard encoder writes lone surrogates as \ud800 escapes and keeps big integers exact
+            content = None if body is None else json.dumps(body)
+            response = client.request(
+                method, path, content=content, headers={"content-type": "application/json"}
+            )
+            statuses[response.status_code] += 1
+            assert response.status_code < 500, (method, path, response.text)
+            if response.status_code >= 400:
+                error = response.json()["error"]
+                assert isinstance(error["code"], int) and error["name"] and error["message"]
+
+        check()
+    assert sum(statuses.values()) >= CASES
+    assert statuses[400] > CASES // 4 and sum(n for s, n in statuses.items() if s < 300) > 20, statuses
