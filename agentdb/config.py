@@ -24,6 +24,9 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     # Extra Host names and Origins a keyless (no principals) server answers besides its own loopback ones.
     allowed_hosts: tuple[str, ...] = ()
+    # Serve without principals on a non-loopback bind (a container whose port is published only on the
+    # host's loopback); off by default.
+    allow_open: bool = False
     allowed_origins: tuple[str, ...] = ()
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
@@ -41,6 +44,7 @@ class Settings:
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
             allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),
+            allow_open=env.get("AGENTDB_ALLOW_OPEN", "") in ("1", "true", "yes"),
             allowed_origins=_names(env.get("AGENTDB_ALLOWED_ORIGINS")),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,

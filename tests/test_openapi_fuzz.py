@@ -37,7 +37,9 @@ def test_every_operation_survives_generated_requests(db_url: str, embedder: Any)
                 # Schema-valid requests may still be rejected for what a schema cannot say (an unknown
                 # source, a filter on an unknown field): those are documented 4xx answers, not failures.
                 statuses.append(
-                    case.call_and_validate(excluded_checks=[positive_data_acceptance]).status_code
+                    case.call_and_validate(
+                        base_url="http://127.0.0.1", excluded_checks=[positive_data_acceptance]
+                    ).status_code
                 )
 
             check()

@@ -214,6 +214,20 @@ def test_a_loopback_server_opens_when_its_last_principal_goes(conn: Any, db_url:
         assert client.get("/sources").status_code == 200
 
 
+def test_allow_open_serves_a_container_without_principals(conn: Any, db_url: str, caplog: Any) -> None:
+    """docker-compose.yml: bound to 0.0.0.0 inside the container, published on the host's loopback only."""
+    fill(conn)
+    refused = Settings(database_url=db_url, host="0.0.0.0")  # noqa: S104
+    with pytest.raises(Exception, match="AGENTDB_ALLOW_OPEN=1"):
+        with TestClient(create_app(refused), base_url=LOCAL):
+            pass
+    allowed = Settings(database_url=db_url, host="0.0.0.0", allow_open=True)  # noqa: S104
+    with caplog.at_level("WARNING"), TestClient(create_app(allowed), base_url=LOCAL) as client:
+        assert [s["name"] for s in client.get("/sources").json()] == ["docs"]
+        assert client.get("/sources", headers={"origin": "http://evil.example"}).status_code == 403
+    assert "AGENTDB_ALLOW_OPEN=1: every request to 0.0.0.0 is allowed" in caplog.text
+
+
 # -- 4. the body limit holds while the body streams ----------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentdb import __version__
 from agentdb.agent import read_scope
 from agentdb.api import agents, documents, retrieval
-from agentdb.api.deps import connection, is_loopback, principal
+from agentdb.api.deps import connection, guard_open_access, principal
 from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, visible_source
 from agentdb.config import Settings
@@ -29,7 +29,6 @@ from agentdb.db.migrate import migrate
 from agentdb.db.pool import open_pool
 from agentdb.errors import (
     AgentDBError,
-    DatabaseSetupError,
     DatabaseUnavailable,
     InvalidParamValue,
     from_db_error,
@@ -96,7 +95,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             with pool.connection() as conn:
                 migrate(conn)
         with app.state.pool.connection() as conn:
-            guard_open_access(settings.host, any_principals(conn))
+            guard_open_access(settings, any_principals(conn))
         try:
             yield
         finally:
@@ -192,20 +191,6 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.include_router(agents.router)
     app.include_router(documents.router)
     return app
-
-
-def guard_open_access(host: str, has_principals: bool) -> None:
-    """Without principals every request is allowed, which is only acceptable on a loopback bind."""
-    if has_principals:
-        log.info("API keys required: principals are defined")
-        return
-    if is_loopback(host):
-        log.warning("no principals defined: every request is allowed (local development on %s)", host)
-        return
-    raise DatabaseSetupError(
-        f"refusing to serve on {host} without principals: anyone could read every source",
-        hint="create one with `agentdb principal create NAME --tables ...`, or bind 127.0.0.1",
-    )
 
 
 def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:

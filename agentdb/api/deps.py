@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +14,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agentdb.auth import Principal, any_principals, authenticate
 from agentdb.config import Settings
-from agentdb.errors import DatabaseUnavailable, Forbidden, is_outage
+from agentdb.errors import DatabaseSetupError, DatabaseUnavailable, Forbidden, is_outage
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -77,13 +80,42 @@ def principal(
     if any_principals(conn):
         return authenticate(conn, request.headers.get("authorization"))
     settings: Settings = request.app.state.settings
-    if not is_loopback(settings.host):
+    if not open_access_allowed(settings):
         raise Forbidden(
             f"this server listens on {settings.host} and no principal exists: it answers no request",
             hint="create one with `agentdb principal create NAME --tables ...`, or serve on 127.0.0.1",
         )
     check_local_request(request, settings)
     return None
+
+
+def open_access_allowed(settings: Settings) -> bool:
+    """Whether a server without principals may answer: on a loopback bind, or when AGENTDB_ALLOW_OPEN says
+    its port is reachable only from the host's loopback (a container)."""
+    return is_loopback(settings.host) or settings.allow_open
+
+
+def guard_open_access(settings: Settings, has_principals: bool) -> None:
+    """At startup: without principals every request is allowed, which is only acceptable on a loopback bind
+    (or when explicitly allowed); say which case this is in the log."""
+    if has_principals:
+        log.info("API keys required: principals are defined")
+    elif is_loopback(settings.host):
+        log.warning(
+            "no principals defined: every request is allowed (local development on %s)", settings.host
+        )
+    elif settings.allow_open:
+        log.warning(
+            "no principals defined and AGENTDB_ALLOW_OPEN=1: every request to %s is allowed; publish the port "
+            "on the host's loopback only",
+            settings.host,
+        )
+    else:
+        raise DatabaseSetupError(
+            f"refusing to serve on {settings.host} without principals: anyone could read every source",
+            hint="create one with `agentdb principal create NAME --tables ...`, bind 127.0.0.1, or set "
+            "AGENTDB_ALLOW_OPEN=1 when the port is published only on the host's loopback",
+        )
 
 
 def check_local_request(request: Request, settings: Settings) -> None:
