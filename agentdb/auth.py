@@ -55,6 +55,9 @@ BUILTIN_FIELDS = ("title", "text")
 # Hashed when no row has the key's prefix, so that an unknown key costs the same work as a wrong one.
 _DUMMY_HASH = "sha256$" + "00" * 16 + "$" + "00" * 32
 
+# The request field behind each check of agentdb.principals, for integrity errors.
+_CONSTRAINT_PATHS = {"principals_tools_check": "tools", "principals_name_check": "name"}
+
 _COLUMNS = "id, name, tables, row_filter, fields, tools, role"
 # The role name derives from the id, so the id is drawn first (agentdb.principal_role).
 _INSERT = (
@@ -119,6 +122,13 @@ def _as_list(values: Iterable[str] | str | None, path: str) -> list[str] | None:
 
 def _db_error(exc: psycopg.Error) -> AgentDBError | None:
     """The AgentDBError for a database error raised while (un)installing a principal, if there is one."""
+    if isinstance(exc, psycopg.errors.UniqueViolation | psycopg.errors.DuplicateObject):
+        return Conflict(f"the principal already exists: {exc.diag.message_primary}", path="name")
+    if isinstance(exc, psycopg.errors.IntegrityError):
+        return InvalidParamValue(
+            f"the principal breaks a rule of the catalog: {exc.diag.message_primary}",
+            path=_CONSTRAINT_PATHS.get(exc.diag.constraint_name or ""),
+        )
     mapped = from_db_error(exc)
     if mapped is not None:
         return mapped
@@ -127,8 +137,6 @@ def _db_error(exc: psycopg.Error) -> AgentDBError | None:
             f"the database user cannot set up the principal's role and policies: {exc.diag.message_primary}",
             hint="agentdb needs CREATEROLE and ownership of the source tables (or a superuser)",
         )
-    if isinstance(exc, psycopg.errors.UniqueViolation | psycopg.errors.DuplicateObject):
-        return Conflict(f"the principal already exists: {exc.diag.message_primary}", path="name")
     return None
 
 

@@ -164,6 +164,10 @@ def from_db_error(exc: Exception) -> AgentDBError | None:
             f"the database refused a value of the request: {diag.message_primary}",
             hint="shorten or correct the input named in the message",
         )
+    if state == "23505" and diag is not None:  # unique_violation: someone else wrote the same key first
+        return Conflict(f"already exists: {diag.message_primary}", hint="use another name, or retry")
+    if state[:2] == "23" and diag is not None:  # another integrity rule of the catalog
+        return InvalidParamValue(f"the request breaks a rule of the database: {diag.message_primary}")
     if diag is None or state != DB_ERROR_SQLSTATE:
         return None
     try:

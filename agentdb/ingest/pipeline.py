@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,13 @@ from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
 from agentdb.embed import Embedder, check_model, check_vector
-from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError, StorageKindMismatch
+from agentdb.errors import (
+    AgentDBError,
+    InvalidParamValue,
+    StorageContentError,
+    StorageFileNotFound,
+    StorageKindMismatch,
+)
 from agentdb.ingest.chunking import chunk_text
 from agentdb.ingest.readers import Located
 from agentdb.sources import (
@@ -231,6 +237,30 @@ def _check_embedder(source: Source, documents: list[Document], embedder: Embedde
         check_model(source.embedding_model, embedder.model_name, source.name)
 
 
+def copy_chunks(cur: psycopg.Cursor[Any], source: Source, rows: Iterable[tuple[Any, ...]]) -> int:
+    """Write chunk rows (doc_id, chunk, title, text, Jsonb metadata, vector or None) into a document
+    source's table with one COPY; one statement, so the lexical triggers index them all at once.
+    Returns how many rows were written."""
+    copy = sql.SQL("copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin").format(
+        source.table
+    )
+    written = 0
+    with cur.copy(copy) as writer:
+        writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
+        for row in rows:
+            writer.write_row(row)
+            written += 1
+    return written
+
+
+def analyze_source(conn: psycopg.Connection[Any], source: Source) -> None:
+    """Fresh statistics right away after a bulk write (not at autovacuum's leisure), so the planner picks
+    index scans."""
+    conn.execute(sql.SQL("analyze {}").format(source.table))
+    conn.execute("analyze agentdb.postings")
+    conn.execute("analyze agentdb.term_stats")
+
+
 def write_documents(
     conn: psycopg.Connection[Any],
     source: Source,
@@ -244,9 +274,6 @@ def write_documents(
     """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole."""
     report = report or IngestReport()
     _check_embedder(source, documents, embedder)
-    copy = sql.SQL("copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin").format(
-        source.table
-    )
     delete = sql.SQL("delete from {} where doc_id = any(%s) returning doc_id").format(source.table)
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
     try:
@@ -285,10 +312,7 @@ def write_documents(
                 with conn.cursor() as cur:
                     cur.execute(delete, ([d.doc_id for d in batch],))
                     report.replaced += len({r[0] for r in cur.fetchall()})
-                    with cur.copy(copy) as writer:
-                        writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
-                        for row in rows:
-                            writer.write_row(row)
+                    copy_chunks(cur, source, rows)
             report.documents += len(batch)
             report.chunks += len(rows)
             bar.update(len(batch))
@@ -310,8 +334,11 @@ def ingest(
     progress: bool = True,
     chunk_size: int = 256,
     chunk_overlap: int = 32,
+    check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
 ) -> IngestReport:
-    """Ingest `records` into the document source `source_name` (created on first use when `create`)."""
+    """Ingest `records` into the document source `source_name` (created on first use when `create`).
+    `check` sees the existing source, the validated documents and the new fields before anything is
+    written, and may refuse them (a writer's permissions)."""
     started = time.perf_counter()
     mapping = mapping or FieldMap()
     source: Source | None
@@ -334,6 +361,10 @@ def ingest(
         fields, dim = source.fields, source.embedding_dim
     documents, new_fields, bad = prepare(records, mapping, fields, dim, skip_bad=skip_bad)
     report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
+    if check is not None:
+        if source is None:
+            raise StorageFileNotFound(f"unknown source {source_name!r}", path="source")
+        check(source, documents, new_fields)
     if not documents and not bad:
         raise InvalidParamValue("no records to ingest", path="files")
     if source is None:
@@ -355,9 +386,6 @@ def ingest(
         source = add_fields(conn, source, new_fields)
     write_documents(conn, source, documents, embedder, progress=progress, report=report)
     if report.chunks >= ANALYZE_AFTER_CHUNKS:
-        # Fresh statistics right away (not at autovacuum's leisure), so the planner picks index scans.
-        conn.execute(sql.SQL("analyze {}").format(source.table))
-        conn.execute("analyze agentdb.postings")
-        conn.execute("analyze agentdb.term_stats")
+        analyze_source(conn, source)
     report.seconds = time.perf_counter() - started
     return report
