@@ -130,3 +130,17 @@ def test_nul_characters_are_a_clear_400_on_every_endpoint(client: TestClient, co
     assert conn.execute("select count(*) from agentdb_docs.docs").fetchone() == (0,)
     # Bodies without NUL still reach their endpoints (the middleware read the body first).
     assert client.post("/agents", json={"source": "docs", "name": "ok"}).status_code == 201
+
+
+def test_docs_work_offline_and_openapi_declares_keys_and_uploads(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "cdn" not in page.text.lower()
+    for asset in ("/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css"):
+        assert asset in page.text
+        served = client.get(asset)
+        assert served.status_code == 200 and len(served.content) > 10_000
+    spec = client.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert {"HTTPBearer": []} in spec["paths"]["/agents/retrieval"]["post"]["security"]
+    upload = spec["paths"]["/sources/{name}/documents"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/x-ndjson"} <= set(upload)

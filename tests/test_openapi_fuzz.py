@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from agentdb.api import create_app
+from agentdb.auth import TOOLS, create_principal
 from agentdb.config import Settings
 
 
@@ -25,6 +26,10 @@ def test_every_operation_survives_generated_requests(db_url: str, embedder: Any)
                 {"_id": "b", "title": "Vacuum", "text": "Reclaim dead tuples.", "team": "blue"},
             ],
         )
+        # Requests carry a key with every tool, so generation reaches past authentication; schemathesis also
+        # sends generated (wrong) keys, which must be 401.
+        with app.state.pool.connection() as conn:
+            key = create_principal(conn, "fuzz", tables=["docs"], tools=sorted(TOOLS))[1]
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 10
@@ -38,7 +43,9 @@ def test_every_operation_survives_generated_requests(db_url: str, embedder: Any)
                 # source, a filter on an unknown field): those are documented 4xx answers, not failures.
                 statuses.append(
                     case.call_and_validate(
-                        base_url="http://127.0.0.1", excluded_checks=[positive_data_acceptance]
+                        base_url="http://127.0.0.1",
+                        headers={"Authorization": f"Bearer {key}"},
+                        excluded_checks=[positive_data_acceptance],
                     ).status_code
                 )
 

@@ -9,9 +9,12 @@ from typing import Any
 
 import orjson
 import psycopg
+import swagger_ui_bundle
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
+from fastapi.staticfiles import StaticFiles
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
@@ -108,7 +111,20 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         description="A retrieval agent that lives inside PostgreSQL.",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
+        docs_url=None,  # served below from the swagger-ui-bundle package, not from a CDN
+        redoc_url=None,
     )
+    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Response:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="agentdb API",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
 
     @app.exception_handler(AgentDBError)
     async def agentdb_error(request: Request, exc: AgentDBError) -> Response:

@@ -9,7 +9,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agentdb.auth import Principal, any_principals, authenticate
@@ -67,9 +68,15 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
 
 
+# Declares the bearer scheme in the OpenAPI document; the header itself is read by `authenticate`, which
+# tells a missing, malformed and wrong key apart.
+BEARER = HTTPBearer(auto_error=False, description="an API key from `agentdb principal create`")
+
+
 def principal(
     request: Request,
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+    _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
 ) -> Principal | None:
     """The authenticated principal, or None in local development (no principals defined, loopback bind).
 
@@ -77,8 +84,8 @@ def principal(
     not open up: bound to a non-loopback address it then refuses every request. A keyless server also
     answers only requests addressed to it by a loopback name (or a configured one: DNS rebinding) and not
     sent by another site's page (a browser's Origin header; cross-site request forgery)."""
-    if any_principals(conn):
-        return authenticate(conn, request.headers.get("authorization"))
+    if any_principals(conn) or request.headers.get("authorization"):
+        return authenticate(conn, request.headers.get("authorization"))  # no principal: any key is wrong
     settings: Settings = request.app.state.settings
     if not open_access_allowed(settings):
         raise Forbidden(

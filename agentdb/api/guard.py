@@ -36,8 +36,8 @@ def json_path(loc: tuple[Any, ...]) -> str:
 
 
 def _printable(text: str) -> str:
-    """`text` with the characters a response cannot carry (NUL, lone surrogates) written as escapes."""
-    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\u0000")
+    """`text` with the characters a JSON response cannot carry (lone surrogates) written as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def text_problem(text: str) -> str | None:
