@@ -489,6 +489,10 @@ def run(
                 "retrieval_mode": mode,
                 "route": "found" if hits else "not_found",
                 "result_count": len(hits),
+                # dense candidates beyond `threshold`, which the funnel dropped before fusion
+                "dropped_by_threshold": int(
+                    result.diagnostics.get("parameters", {}).get("filtered_count", 0)
+                ),
                 "expand_window": plan.expand_window,
             },
         }

@@ -310,3 +310,14 @@ def test_documents_are_transactional_over_http(client: TestClient) -> None:
     assert client.delete("/sources/runbooks/documents/oncall").status_code == 204
     assert client.get("/sources/runbooks").json()["documents"] == before["documents"] - 1
     assert client.delete("/sources/runbooks/documents/oncall").status_code == 404
+
+
+def test_hits_dropped_by_the_threshold_are_counted(client: TestClient) -> None:
+    """A strict threshold drops dense candidates: the step says how many instead of dropping them silently."""
+    loose = ask(client, queries=[{"table": "runbooks", "semantic_search": "who gets paged", "threshold": 0}])
+    strict = ask(
+        client, queries=[{"table": "runbooks", "semantic_search": "who gets paged", "threshold": 0.01}]
+    )
+    assert loose["steps"][0]["details"]["dropped_by_threshold"] == 0
+    dropped = strict["steps"][0]["details"]["dropped_by_threshold"]
+    assert dropped > 0 and dropped + len(strict["hits"]) == len(loose["hits"])
