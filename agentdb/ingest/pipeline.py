@@ -156,7 +156,7 @@ class _Schema:
 
 def _parse(located: Located, mapping: FieldMap, schema: _Schema, dim: int) -> Document:
     if located.error is not None:
-        raise RowError("", located.error)
+        raise RowError(located.error_field, located.error)
     record = located.record
     id_key = mapping.id_field or ("_id" if "_id" in record else "id")
     raw_id = record.get(id_key)
@@ -367,6 +367,12 @@ def ingest(
         check(source, documents, new_fields)
     if not documents and not bad:
         raise InvalidParamValue("no records to ingest", path="files")
+    if not documents and source is None:
+        raise StorageContentError(
+            f"every record was bad ({len(bad)}, first: {bad[0]}); source {source_name!r} was not created",
+            path=bad[0].path,
+            hint="fix the rows reported, or check the file's format (delimiter, quotes, header)",
+        )
     if source is None:
         assert embedder is not None
         try:
