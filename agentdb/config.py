@@ -27,6 +27,8 @@ class Settings:
     # Serve without principals on a non-loopback bind (a container whose port is published only on the
     # host's loopback); off by default.
     allow_open: bool = False
+    # How often the server looks for rows of registered tables that need an embedding; 0 turns it off.
+    embed_interval_s: float = 2.0
     allowed_origins: tuple[str, ...] = ()
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
@@ -45,6 +47,7 @@ class Settings:
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
             allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),
             allow_open=env.get("AGENTDB_ALLOW_OPEN", "") in ("1", "true", "yes"),
+            embed_interval_s=float(env.get("AGENTDB_EMBED_INTERVAL_S", "2")),
             allowed_origins=_names(env.get("AGENTDB_ALLOWED_ORIGINS")),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,

@@ -332,10 +332,19 @@ def register_table(
     check_source_name(name)
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
     if "agentdb_tsv" in columns:
+        # Registering the same table under the same name again is a no-op; anything else is a conflict.
+        existing = get_source(conn, name) if _source_exists(conn, name) else None
+        if (
+            existing is not None
+            and (existing.kind, existing.table_schema, existing.table_name) == ("table", schema, table)
+            and (existing.id_column, existing.text_columns) == (id_column, text_columns)
+        ):
+            return existing
         raise StorageKindMismatch(
-            f"table {schema}.{table} is already registered (it has agentdb's columns)",
+            f"table {schema}.{table} is already registered (it has agentdb's columns)"
+            + (f" as source {existing.name!r} with other columns" if existing is not None else ""),
             path="table",
-            hint="drop the source that registered it first",
+            hint="register it again with the same name and columns, or drop the source that registered it",
         )
     for path, column in [("id_column", id_column)] + [
         (f"text_columns[{i}]", c) for i, c in enumerate(text_columns)
@@ -400,9 +409,23 @@ def register_table(
             ).format(cols=sql.SQL(", ").join(sql.Identifier(c) for c in text_columns), table=source.table)
         )
         _create_indexes(conn, source, metadata=False)
+        # The embedding queue: rows without a vector (new, or whose text changed), found by this index.
+        conn.execute(
+            sql.SQL("create index {} on {} (agentdb_chunk_id) where agentdb_embedding is null").format(
+                sql.Identifier(f"agentdb_pending_{source.id}"), source.table
+            )
+        )
         _install_triggers(conn, source)
         conn.execute("select agentdb.lexical_rebuild(%s)", (name,))
     return source
+
+
+def pending_embeddings(conn: psycopg.Connection[Any], source: Source) -> int:
+    """How many rows of a source wait for their embedding (registered tables: new or changed rows)."""
+    row = conn.execute(
+        sql.SQL("select count(*) from {} where agentdb_embedding is null").format(source.table)
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def add_fields(conn: psycopg.Connection[Any], source: Source, new_fields: list[FieldSpec]) -> Source:

@@ -30,6 +30,7 @@ from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import open_pool
+from agentdb.embed import load_embedder
 from agentdb.errors import (
     AgentDBError,
     DatabaseUnavailable,
@@ -37,7 +38,8 @@ from agentdb.errors import (
     from_db_error,
     is_outage,
 )
-from agentdb.sources import FieldSpec, Source, get_source, list_sources
+from agentdb.ingest.embed_worker import EmbeddingWorker
+from agentdb.sources import FieldSpec, Source, get_source, list_sources, pending_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ class SourceOut(BaseModel):
     ts_config: str
     documents: int
     chunks: int
+    # Registered tables: rows waiting for the background embedder (not shown to principals).
+    pending_embeddings: int | None = None
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -99,9 +103,15 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
                 migrate(conn)
         with app.state.pool.connection() as conn:
             guard_open_access(settings, any_principals(conn))
+        worker = None
+        if settings.embed_interval_s > 0:
+            worker = EmbeddingWorker(app.state.pool, load_embedder, interval=settings.embed_interval_s)
+            worker.start()
         try:
             yield
         finally:
+            if worker is not None:
+                worker.stop()
             if own_pool:
                 app.state.pool.close()
 
@@ -190,8 +200,9 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         if caller is not None:
             check_table(caller, name, path="name")
         found = get_source(conn, name)
+        pending = pending_embeddings(conn, found) if caller is None and found.kind == "table" else None
         with read_scope(conn, caller):  # counts under the caller's row security
-            return source_out(conn, visible_source(caller, found))
+            return source_out(conn, visible_source(caller, found), pending)
 
     @app.get("/sources", response_model=list[SourceOut])
     def sources(
@@ -199,8 +210,11 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         caller: Principal | None = Depends(principal),  # noqa: B008
     ) -> list[SourceOut]:
         visible = [s for s in list_sources(conn) if caller is None or s.name in caller.tables]
+        pending = {
+            s.name: pending_embeddings(conn, s) for s in visible if caller is None and s.kind == "table"
+        }
         with read_scope(conn, caller):
-            return [source_out(conn, visible_source(caller, s)) for s in visible]
+            return [source_out(conn, visible_source(caller, s), pending.get(s.name)) for s in visible]
 
     app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
     app.include_router(retrieval.router)
@@ -216,8 +230,9 @@ def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None =
     )
 
 
-def source_out(conn: psycopg.Connection[Any], s: Source) -> SourceOut:
+def source_out(conn: psycopg.Connection[Any], s: Source, pending: int | None = None) -> SourceOut:
     return SourceOut(
+        pending_embeddings=pending,
         name=s.name,
         kind=s.kind,
         table=f"{s.table_schema}.{s.table_name}",

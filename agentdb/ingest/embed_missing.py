@@ -34,15 +34,22 @@ def embed_missing(
         sql.SQL("select count(*) from {} where agentdb_embedding is null").format(source.table)
     ).fetchone()
     total = int(count_row[0]) if count_row else 0
+    # Rows another process is embedding right now are locked: skip them rather than embed them twice.
     select = sql.SQL(
-        "select agentdb_chunk_id, {} from {} where agentdb_embedding is null order by agentdb_chunk_id limit %s"
+        "select agentdb_chunk_id, {} from {} where agentdb_embedding is null order by agentdb_chunk_id"
+        " limit %s for update skip locked"
     ).format(text, source.table)
-    update = sql.SQL("update {} set agentdb_embedding = %s where agentdb_chunk_id = %s").format(source.table)
+    update = sql.SQL(
+        "update {} set agentdb_embedding = %s where agentdb_chunk_id = %s and agentdb_embedding is null"
+    ).format(source.table)
     filled = 0
     with tqdm(total=total, unit="row", disable=not progress, desc=f"embed {source.name}") as bar:
-        while rows := conn.execute(select, (batch_size,)).fetchall():
-            vectors = embedder.embed([r[1] or "" for r in rows])
+        while True:
             with conn.transaction(), conn.cursor() as cur:
+                rows = cur.execute(select, (batch_size,)).fetchall()
+                if not rows:
+                    break
+                vectors = embedder.embed([r[1] or "" for r in rows])
                 cur.executemany(update, [(v, r[0]) for r, v in zip(rows, vectors, strict=True)])
             filled += len(rows)
             bar.update(len(rows))
