@@ -39,7 +39,9 @@ class Settings:
         env = os.environ
         settings = cls(
             database_url=env.get("DATABASE_URL") or None,
-            data_dir=Path(env.get("AGENTDB_DATA_DIR", ".agentdb")),
+            data_dir=Path(env["AGENTDB_DATA_DIR"])
+            if env.get("AGENTDB_DATA_DIR")
+            else find_data_dir(Path.cwd()),
             host=env.get("AGENTDB_HOST", "127.0.0.1"),
             port=int(env.get("AGENTDB_PORT", "8080")),
             embedding_model=env.get("AGENTDB_MODEL", DEFAULT_MODEL),
@@ -61,3 +63,17 @@ class Settings:
 def _names(text: str | None) -> tuple[str, ...]:
     """A comma-separated environment list."""
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+DATA_DIR_NAME = ".agentdb"
+
+
+def find_data_dir(start: Path) -> Path:
+    """The `.agentdb` directory of `start` or of its nearest parent that has one (as git finds `.git`), so a
+    command run in a subdirectory uses the project's database instead of creating a second, empty one;
+    `start/.agentdb` when there is none yet."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        if (directory / DATA_DIR_NAME / "pg").is_dir():
+            return directory / DATA_DIR_NAME
+    return start / DATA_DIR_NAME
