@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from agentdb.deepening import DeepeningOptions, deepen
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue
 from agentdb.expansion import expand
+from agentdb.filters import validate_filter
 from agentdb.generation import GenerationResult, GenerationStep, generate
 from agentdb.llm import GeneratorSpec, Usage, UsageMeter, resolve_model
 from agentdb.retrieval import Hit, Mode, Result, retrieve
@@ -243,9 +244,12 @@ def validate(
         except AgentDBError as exc:
             exc.path = f"queries[{i}].table"
             raise
-        if principal is not None:
-            for name in ("filter", "filter_query", "exclusion_query"):
-                check_filter(conn, principal, source, getattr(spec, name), path=f"queries[{i}].{name}")
+        for name in ("filter", "filter_query", "exclusion_query"):
+            where = f"queries[{i}].{name}"
+            if principal is not None:
+                check_filter(conn, principal, source, getattr(spec, name), path=where)
+            else:
+                validate_filter(conn, source, getattr(spec, name), where)
         projections.append(fields)
     return plan
 
@@ -306,8 +310,20 @@ def merge(hit_lists: list[tuple[str, list[Hit]]], limit: int) -> list[dict[str, 
     return [_agent_hit(best[k][1], k[0], fused[k]) for k in ordered[:limit]]
 
 
+@contextmanager
+def in_query(index: int) -> Iterator[None]:
+    """Errors raised for one query carry the full path from the request root (`queries[1].fields[0]`)."""
+    try:
+        yield
+    except AgentDBError as exc:
+        if exc.path and not exc.path.startswith("queries["):
+            exc.path = f"queries[{index}].{exc.path}"
+        raise
+
+
 def _retrieve_query(
     conn: psycopg.Connection[Any],
+    index: int,
     request: RetrievalRequest,
     spec: QuerySpec,
     fields: list[str] | None,
@@ -324,7 +340,7 @@ def _retrieve_query(
 
     def retrieve_k(k: int) -> Result:
         # Hits are documents: the best chunk of each, so `limit` counts distinct documents.
-        with read_scope(conn, principal):
+        with read_scope(conn, principal), in_query(index):
             return retrieve(
                 conn,
                 spec.table,
@@ -369,7 +385,7 @@ def _retrieve_query(
                 },
             )
     if plan.expand_window > 1 and hits:
-        with read_scope(conn, principal):
+        with read_scope(conn, principal), in_query(index):
             hits = list(
                 expand(
                     conn,
@@ -473,7 +489,7 @@ def run(
         yield "step_started", {**step, "status": "running", "details": {"table": spec.table}}
         started = time.perf_counter()
         outcome: tuple[Mode, Result, list[Hit]] | None = None
-        for kind, payload in _retrieve_query(conn, request, spec, fields, principal, plan, embedder_for):
+        for kind, payload in _retrieve_query(conn, i, request, spec, fields, principal, plan, embedder_for):
             if kind == "result":
                 outcome = payload
             else:

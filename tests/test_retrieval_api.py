@@ -138,7 +138,9 @@ def test_filters_projection_and_exclusion(client: TestClient) -> None:
         },
     )
     assert bad.status_code == 400
-    assert bad.json()["error"]["code"] == 3007 and bad.json()["error"]["path"] == "filter.$or[1].year"
+    assert (
+        bad.json()["error"]["code"] == 3007 and bad.json()["error"]["path"] == "queries[0].filter.$or[1].year"
+    )
     unknown = client.post(
         "/agents/retrieval",
         json={
@@ -146,7 +148,7 @@ def test_filters_projection_and_exclusion(client: TestClient) -> None:
             "queries": [{"table": "runbooks", "full_text_search": "x", "fields": ["secret"]}],
         },
     )
-    assert unknown.status_code == 400 and unknown.json()["error"]["path"] == "fields[0]"
+    assert unknown.status_code == 400 and unknown.json()["error"]["path"] == "queries[0].fields[0]"
 
 
 def test_queries_merge_by_rrf_and_deduplicate(client: TestClient) -> None:
@@ -213,7 +215,7 @@ def test_stream_reports_errors_then_done(client: TestClient) -> None:
             "stream": True,
             "queries": [
                 {"table": "runbooks", "full_text_search": "backup"},
-                {"table": "runbooks", "full_text_search": "backup", "filter": {"nope": 1}},
+                {"table": "runbooks", "full_text_search": "backup", "fields": ["nope"]},
             ],
         },
     )
@@ -221,6 +223,13 @@ def test_stream_reports_errors_then_done(client: TestClient) -> None:
     kinds = [k for k, _ in events]
     assert kinds[-2:] == ["error", "done"] and "step_completed" in kinds
     assert events[-2][1]["error"]["code"] == 3007 and events[-1][1]["status"] == "failed"
+    assert events[-2][1]["error"]["path"] == "queries[1].fields[0]"
+    # a filter that does not compile is found before the stream starts: a plain 400 with its full path
+    early = client.post(
+        "/agents/retrieval",
+        json={"query": "q", "stream": True, "queries": [{"table": "runbooks", "filter": {"nope": 1}}]},
+    )
+    assert early.status_code == 400 and early.json()["error"]["path"] == "queries[0].filter.nope"
 
 
 def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> None:
