@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint install dev bench clean
+.PHONY: run test lint install dev bench pack clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ lint: dev
 
 bench: dev
 	$(BIN)/python bench/scifact.py
+
+# Rebuild the demo's knowledge pack (embeds the ~9,000 chunks of examples/pgdocs/pgdocs.jsonl.gz once, so that
+# `make run` and `make test` load vectors instead of computing them).
+pack: install
+	$(BIN)/python examples/pgdocs/build.py --pack-only
 
 clean:
 	rm -rf $(VENV) .agentdb

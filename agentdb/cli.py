@@ -1,10 +1,14 @@
-"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, principal, db-url, demo."""
+"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, principal, pack,
+start, stop, status, db-url, demo."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +24,7 @@ log = logging.getLogger("agentdb")
 
 DEMO_SOURCE = "pgdocs"
 DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdocs.jsonl.gz"
+DEMO_PACK = DEMO_FILE.with_name("pgdocs.pack.parquet")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -73,10 +78,155 @@ def cmd_db_url(args: argparse.Namespace) -> None:
     print(resolve_url(settings, keep_running=True))
     if not settings.database_url:
         print(
-            "(the embedded server keeps running for psql; it stops when the data directory's last agentdb "
-            "process exits, or with `pg_ctl stop`)",
+            "(the embedded server stays up for psql until `agentdb stop`, whatever other agentdb commands "
+            "come and go)",
             file=sys.stderr,
         )
+
+
+def _embedded_dir(args: argparse.Namespace, command: str) -> Path:
+    settings = _settings(args)
+    if settings.database_url:
+        raise InvalidParamValue(
+            f"DATABASE_URL is set: `agentdb {command}` manages only the embedded server",
+            path="DATABASE_URL",
+            hint="unset DATABASE_URL to manage the embedded server in --data-dir",
+        )
+    return settings.data_dir
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def cmd_start(args: argparse.Namespace) -> None:
+    from agentdb.db.migrate import migrate
+    from agentdb.db.server import server_status, start_embedded
+
+    data_dir = _embedded_dir(args, "start")
+    was_running = server_status(data_dir).running
+    url = start_embedded(data_dir, keep_running=True)
+    with psycopg.connect(url) as conn:
+        migrate(conn)
+    status = server_status(data_dir)
+    pid = status.postmaster.pid if status.postmaster else "?"
+    print(
+        f"{'the embedded server was running' if was_running else 'started the embedded server'} in "
+        f"{status.data_dir} (pid {pid}); it stays up until `agentdb stop`",
+        file=sys.stderr,
+    )
+    print(url)
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    from agentdb.db.server import stop_embedded
+
+    data_dir = _embedded_dir(args, "stop")
+    result = stop_embedded(data_dir, force=args.force)
+    where = data_dir.expanduser().resolve()
+    if not result.was_running:
+        print(f"the embedded server in {where} is not running")
+    elif result.stopped:
+        print(f"stopped the embedded server in {where}")
+    else:
+        pids = ", ".join(str(pid) for pid in result.users)
+        print(
+            f"the embedded server in {where} is no longer kept up: it stops when the agentdb processes using "
+            f"it exit (pids {pids}); `agentdb stop --force` stops it now"
+        )
+
+
+def _source_lines(url: str) -> list[dict[str, Any]]:
+    """The sources of the database at `url` with their counts ([] before the first migration)."""
+    from agentdb.api.app import source_counts
+    from agentdb.sources import list_sources
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("select to_regclass('agentdb.sources')").fetchone() == (None,):
+            return []
+        return [{"name": s.name, **source_counts(conn, s)} for s in list_sources(conn)]
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from agentdb.db.server import server_status
+
+    settings = _settings(args)
+    report: dict[str, Any]
+    url: str | None
+    if settings.database_url:
+        # An external server: where it is (without the password) and what it holds.
+        params = {k: v for k, v in conninfo_to_dict(settings.database_url).items() if k != "password"}
+        url = settings.database_url
+        report = {"database": make_conninfo("", **params), "state": "external (DATABASE_URL)"}
+    else:
+        status = server_status(settings.data_dir)
+        url = status.url() if status.state == "running" else None
+        report = {"data_dir": str(status.data_dir), "state": status.state}
+        if status.postmaster is not None:
+            started = status.postmaster.started_at
+            report |= {
+                "pid": status.postmaster.pid,
+                "address": status.postmaster.address,
+                "started_at": started.isoformat(timespec="seconds"),
+                "uptime_seconds": int((dt.datetime.now(dt.UTC) - started).total_seconds()),
+                "url": status.url(),
+            }
+        report |= {
+            "kept_up": status.pinned,
+            "pinned_at": status.pinned_at,
+            "agentdb_processes": status.users,
+        }
+    try:
+        report["sources"] = _source_lines(url) if url else []
+    except psycopg.OperationalError as exc:
+        report["sources"] = None
+        report["sources_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreachable"
+    if args.json:
+        print(orjson.dumps(report).decode())
+        return
+    lines: list[tuple[str, Any]] = [
+        (key, report[key]) for key in ("database", "data_dir", "state", "pid", "address") if key in report
+    ]
+    if "uptime_seconds" in report:
+        lines.append(("uptime", f"{_duration(report['uptime_seconds'])} (since {report['started_at']})"))
+    if "kept_up" in report and report["state"] == "running":
+        lines.append(
+            (
+                "kept up",
+                f"yes, until `agentdb stop` (started by a user at {report['pinned_at']})"
+                if report["kept_up"]
+                else "no: it stops when the last agentdb process using it exits",
+            )
+        )
+    if "agentdb_processes" in report and report["state"] in ("running", "shutting down"):
+        users = report["agentdb_processes"]
+        lines.append(("processes", ", ".join(map(str, users)) if users else "none"))
+    if "url" in report:
+        lines.append(("url", report["url"]))
+    if report["sources"] is None:
+        lines.append(("sources", f"unavailable ({report['sources_error']})"))
+    elif url:
+        found = report["sources"]
+        lines.append(
+            (
+                "sources",
+                ", ".join(f"{s['name']} ({s['documents']} documents, {s['chunks']} chunks)" for s in found)
+                if found
+                else "none",
+            )
+        )
+    for key, value in lines:
+        print(f"{key.replace('_', ' ') + ':':11}{value}")
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
@@ -322,23 +472,71 @@ def cmd_serve(args: argparse.Namespace) -> None:
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
 
 
+def cmd_pack_export(args: argparse.Namespace) -> None:
+    from agentdb.pack import export_pack
+
+    path = Path(args.file)
+    with _connect(args) as conn:
+        manifest = export_pack(
+            conn,
+            args.source,
+            path,
+            dtype="float32" if args.float32 else "float16",
+            progress=not args.no_progress,
+        )
+    print(
+        f"exported {manifest.documents} documents, {manifest.chunks} chunks of source {args.source!r} "
+        f"({manifest.embedding.model}, {manifest.embedding.dim} dims as {manifest.embedding.dtype}) to {path} "
+        f"({path.stat().st_size:,} bytes)"
+    )
+
+
+def cmd_pack_import(args: argparse.Namespace) -> None:
+    from agentdb.pack import import_pack
+
+    with _connect(args) as conn:
+        report = import_pack(
+            conn,
+            Path(args.file),
+            embedding_model=_settings(args).embedding_model,
+            source_name=args.source,
+            replace=args.replace,
+            progress=not args.no_progress,
+        )
+    print(report.summary())
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
-    from agentdb.embed import load_embedder
-    from agentdb.ingest.pipeline import ingest
-    from agentdb.ingest.readers import read_records
     from agentdb.sources import list_sources
 
     with _connect(args) as conn:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
-        else:
+        elif DEMO_PACK.exists():
+            from agentdb.pack import import_pack
+
             print(
-                f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; "
-                "CPU embedding of about 9,000 chunks takes 5 to 15 minutes on 2 cores, once",
+                f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r} from its knowledge "
+                f"pack {DEMO_PACK.name} (embeddings included), once",
                 file=sys.stderr,
             )
-            report = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
+            report = import_pack(
+                conn, DEMO_PACK, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
+            )
             print(report.summary(), file=sys.stderr)
+        else:
+            from agentdb.embed import load_embedder
+            from agentdb.ingest.pipeline import ingest
+            from agentdb.ingest.readers import read_records
+
+            print(
+                f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; its knowledge pack "
+                f"{DEMO_PACK.name} is missing (examples/pgdocs/build.py --pack-only makes it), so CPU embedding "
+                "of about 9,000 chunks takes 5 to 15 minutes on 2 cores, once",
+                file=sys.stderr,
+            )
+            ingested = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
+            print(ingested.summary(), file=sys.stderr)
     if not args.no_serve:
         cmd_serve(args)
 
@@ -378,8 +576,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("migrate", cmd_migrate, "apply pending migrations and re-apply the stored functions")
     command(
-        "db-url", cmd_db_url, "print a URL psql can use (starts the embedded server and leaves it running)"
+        "db-url",
+        cmd_db_url,
+        "print a URL psql can use (starts the embedded server and keeps it up until `agentdb stop`)",
     )
+    command(
+        "start",
+        cmd_start,
+        "start the embedded server (or keep the running one) and keep it up until `agentdb stop`; "
+        "prints its URL",
+    )
+    p = command(
+        "stop",
+        cmd_stop,
+        "stop the embedded server a user started; agentdb processes still using it keep it until they exit",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="stop it now even if agentdb processes use it (fast shutdown)"
+    )
+    p = command(
+        "status", cmd_status, "the embedded server: state, pid, socket, uptime, who keeps it up, sources"
+    )
+    p.add_argument("--json", action="store_true")
     p = command("sources", cmd_sources, "list the sources with their counts and fields")
     p.add_argument("--json", action="store_true")
 
@@ -461,12 +679,44 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
     q = action("delete", cmd_principal_delete, "delete a principal; its key stops working at once")
     q.add_argument("name")
+
+    help_text = "knowledge packs: a source's documents, chunks and embeddings in one Parquet file"
+    p = sub.add_parser("pack", help=help_text, description=help_text)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = action("export", cmd_pack_export, "write a document source to a pack file")
+    q.add_argument("source")
+    q.add_argument("file")
+    q.add_argument(
+        "--float32",
+        action="store_true",
+        help="store vectors as float32 (exact; default float16, half the size)",
+    )
+    q.add_argument("--no-progress", action="store_true")
+    q = action(
+        "import", cmd_pack_import, "load a pack as a new source, in one transaction (no embedding needed)"
+    )
+    q.add_argument("file")
+    q.add_argument("--source", help="the new source's name (default: the name in the pack)")
+    q.add_argument("--replace", action="store_true", help="replace an existing source of that name")
+    q.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM (and SIGHUP) end the command like Ctrl-C does: through the normal exit, so the embedded
+    server's handle is released (and the server stopped when this was its last user). Python's default
+    would kill the process on the spot and leave the server running with this pid listed as a user."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    # uvicorn handles SIGTERM itself while it serves, then raises it again once it has shut down: with this
+    # handler that, too, ends in a normal exit.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        signal.signal(signal.SIGHUP, _exit_on_signal)
     if args.command == "eval" and not args.mode:
         args.mode = ["lexical", "dense", "hybrid"]
     try:

