@@ -18,6 +18,10 @@ from agentdb.sources import Source
 
 # Any placeholder works for validation: the predicate it returns is thrown away.
 _VALIDATION_REF = "$1"
+# The integers orjson (psycopg's JSON serialiser on agentdb's connections) can write.
+_INT_RANGE = (-(2**63), 2**64 - 1)
+# orjson stops at this depth; the compiler stops at 16 anyway, so deeper values need not be searched.
+_MAX_DEPTH = 256
 
 
 def id_expression(conn: psycopg.Connection[Any], source: Source) -> str:
@@ -41,20 +45,66 @@ def _parse(filter: Any, path_prefix: str) -> Any:
     return filter
 
 
+def _join(prefix: str, path: str) -> str:
+    """`prefix` and a path inside the filter, joined as the SQL compiler joins them (`$` at the root)."""
+    if not path:
+        return prefix or "$"
+    if not prefix:
+        return path
+    return prefix + path if path.startswith("[") else f"{prefix}.{path}"
+
+
+def _unserialisable_int(value: Any) -> str | None:
+    """The path inside the filter (`$or[1].year`, `''` for the root) of the first integer beyond 64 bits,
+    in document order, or None. Iterative, so that a deeply nested value cannot exhaust Python's stack."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not _INT_RANGE[0] <= item <= _INT_RANGE[1]:
+                return path
+        elif depth < _MAX_DEPTH and isinstance(item, dict):
+            children = [(v, k if not path else f"{path}.{k}", depth + 1) for k, v in item.items()]
+            stack.extend(reversed(children))
+        elif depth < _MAX_DEPTH and isinstance(item, list | tuple):
+            stack.extend(reversed([(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item)]))
+    return None
+
+
+def _to_json(value: Any, path_prefix: str) -> str:
+    """`value` as JSON text for the compiler; a value JSON cannot carry (an integer beyond 64 bits, which
+    orjson refuses) is 3007 at its path rather than a TypeError from the driver."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as exc:
+        path = _unserialisable_int(value)
+        if path is not None:
+            raise InvalidParamValue(
+                f"filter.bad_operand: at {path or '$'}: the integer does not fit in 64 bits",
+                path=_join(path_prefix, path),
+            ) from None
+        raise InvalidParamValue(
+            f"filter.bad_operand: at $: not serialisable as JSON: {exc}", path=path_prefix or "$"
+        ) from None
+
+
 def compile_filter(
     conn: psycopg.Connection[Any], source: Source, filter: Any, params_ref: str, path_prefix: str = "filter"
 ) -> tuple[str, list[Any]]:
     """Compile `filter` for `source` into a predicate over the alias `c` and the values it reads as
-    `params_ref` (e.g. `%(filter_params)s::jsonb`; bind `Jsonb(values)` to it); raises InvalidParamValue."""
+    `params_ref` (e.g. `%(filter_params)s::jsonb`; bind `Jsonb(values)` to it); raises InvalidParamValue,
+    with the JSON path, for a filter that does not compile or that JSON cannot carry (an integer beyond
+    64 bits)."""
     fields = Jsonb([f.model_dump() for f in source.fields])
     value = _parse(filter, path_prefix)
+    text = None if value is None else _to_json(value, path_prefix)
     try:
         with conn.transaction():
             row = conn.execute(
-                "select predicate, params from agentdb.compile_filter(%s, %s, %s, %s, %s)",
+                "select predicate, params from agentdb.compile_filter(%s, %s::jsonb, %s, %s, %s)",
                 (
                     fields,
-                    None if value is None else Jsonb(value),
+                    text,
                     params_ref,
                     id_expression(conn, source),
                     path_prefix,

@@ -16,6 +16,35 @@
 -- `$not` and `must_not` of a comparison on a missing field are TRUE, while `$ne`/`$nin` on it are FALSE.
 -- Strings order by code point; timestamps compare as instants (filter values without an offset are UTC;
 -- stored ones are read in the session's time zone, so store them with an offset).
+--
+-- Limits, so that any filter compiles in a few tens of milliseconds (a filter is user input on every door,
+-- and compiling it holds a pooled connection). Each is inclusive and each is 3007 InvalidParamValue at the
+-- path where it is crossed:
+--   depth 16 (`too_deep`); 256 nodes (`too_many_nodes`); 1,000 items in any one array (`too_many_items`);
+--   10,000 items in all the value lists of one filter together ($in, $nin, terms, in haystacks, ids;
+--   `too_many_values`, at the list that crosses the total); 1 MiB (1,048,576 bytes) for the whole filter
+--   as jsonb (`too_large`, at the root; about the size of its JSON text, twice that for lists of small
+--   numbers), which bounds long strings.
+-- Compiling is linear in the filter's size: a value list is checked (and timestamps normalised) by one
+-- set-based statement, the items being walked one by one only to name the first bad one; children and
+-- parameters are gathered in plpgsql arrays (appended in place) and made jsonb once; each subtree returns
+-- its own parameters to its parent instead of threading all of them through every call; and the hot
+-- paths run no query per node where an operator will do. bench/filter_compile.py times the largest
+-- filters these limits allow.
+
+-- Re-applied on every migrate: drop the helpers first, or `create or replace` with new parameters would
+-- leave an older overload behind (compile_filter keeps its signature and is replaced in place).
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.proname like 'filter\_%'
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
 
 -- Raise 3007 InvalidParamValue with the message `filter.<kind>: at <path>: <detail>`; the error's path is
 -- the caller's prefix joined to the path inside the filter (`$` and the bare prefix at the root).
@@ -40,6 +69,18 @@ $$;
 create or replace function agentdb.filter_key(path text, key text) returns text
 language sql immutable as $$
 select case when path = '' then key else path || '.' || key end
+$$;
+
+-- The first key of the object `node`, in sorted order, that is not in `allowed`, or null. The key set
+-- difference is a plain expression; the keys are only listed (a query) when there is an extra one.
+create or replace function agentdb.filter_extra_key(node jsonb, allowed text[]) returns text
+language plpgsql immutable as $$
+begin
+    if node - allowed = '{}'::jsonb then
+        return null;
+    end if;
+    return (select k from jsonb_object_keys(node) k where k <> all(allowed) order by k limit 1);
+end;
 $$;
 
 -- Count one more node at `path`, enforcing the limits (depth 16, 256 nodes); returns the new count.
@@ -69,18 +110,35 @@ select case jsonb_typeof(v)
 end
 $$;
 
--- An ISO 8601 date or date-time in canonical UTC form (YYYY-MM-DDTHH:MI:SS.USZ), or null when `value` is
--- not one. Values without an offset are read as UTC, whatever the session's time zone.
-create or replace function agentdb.filter_timestamp(value text) returns text
+-- A JSON array of ISO 8601 dates or date-times in canonical UTC form (YYYY-MM-DDTHH:MI:SS.USZ), or null
+-- when any item of `list` is not one. Values without an offset are read as UTC, whatever the session's
+-- time zone. The format is checked by one regular expression over the array's text (an item that
+-- matches is a plain JSON string, with nothing escaped) and the dates (2020-02-30) by pg_input_is_valid,
+-- so there is neither a per-item regular expression nor an exception block (a subtransaction) per item.
+create or replace function agentdb.filter_timestamps(list jsonb) returns jsonb
 language plpgsql stable set timezone = 'UTC' as $$
+declare
+    items text[];
 begin
-    if value !~ '^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$' then
+    if list::text !~ ('^\[("\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}(:?\d{2})?)?)?"'
+                      '(, "\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}(:?\d{2})?)?)?")*)?\]$') then
         return null;
     end if;
-    return to_char(value::timestamptz, 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
-exception when others then
-    return null;
+    select array_agg(case when pg_input_is_valid(e, 'timestamptz')
+                          then to_char(e::timestamptz, 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') end order by o)
+    into items
+    from jsonb_array_elements_text(list) with ordinality x(e, o);
+    if array_position(items, null) is not null then
+        return null;
+    end if;
+    return coalesce(to_jsonb(items), '[]');
 end;
+$$;
+
+-- One ISO 8601 date or date-time in canonical UTC form, or null when `value` is not one.
+create or replace function agentdb.filter_timestamp(value text) returns text
+language sql stable as $$
+select agentdb.filter_timestamps(jsonb_build_array(value))->>0
 $$;
 
 -- The spec of the field named by the JSON value `name`: unknown, non-filterable or unsupported -> 3007.
@@ -149,34 +207,72 @@ begin
 end;
 $$;
 
--- Check a list literal ($in, $nin, terms, an in haystack) and each of its items; returns the normalised list.
-create or replace function agentdb.filter_list(ctx jsonb, spec jsonb, v jsonb, path text, label text) returns jsonb
+-- Count the `n` items of the list at `path` against the filter's budget of 10,000 list items (`vals` is the
+-- count so far); returns the new count.
+create or replace function agentdb.filter_spend(ctx jsonb, path text, vals int, n int) returns int
 language plpgsql stable as $$
+begin
+    if vals + n > 10000 then
+        perform agentdb.filter_fail(ctx, 'too_many_values', path, 'the filter has more than 10000 list items');
+    end if;
+    return vals + n;
+end;
+$$;
+
+-- Check a list literal ($in, $nin, terms, an in haystack) and each of its items; returns the normalised list
+-- and the filter's list items counted so far. The items are checked by one jsonpath (or, for timestamps,
+-- normalised by one call); only when that fails are they walked one by one, so that the first bad item is
+-- reported exactly as agentdb.filter_value reports a single value.
+create or replace function agentdb.filter_list(
+    ctx jsonb, spec jsonb, v jsonb, path text, label text, inout vals int, out list jsonb
+) language plpgsql stable as $$
 declare
-    result jsonb := '[]';
+    ftype text := spec->>'type';
+    n int;
     i int;
 begin
     if jsonb_typeof(v) is distinct from 'array' then
         perform agentdb.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of values', label));
     end if;
-    if jsonb_array_length(v) > 1000 then
+    n := jsonb_array_length(v);
+    if n > 1000 then
         perform agentdb.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
     end if;
-    for i in 0 .. jsonb_array_length(v) - 1 loop
-        result := result || jsonb_build_array(agentdb.filter_value(ctx, spec, v->i, path || '[' || i || ']'));
-    end loop;
-    return result;
+    vals := agentdb.filter_spend(ctx, path, vals, n);
+    list := case
+        when ftype = 'timestamp' then agentdb.filter_timestamps(v)
+        -- The same range as filter_value: values beyond float8 could not be compared with float columns.
+        when ftype in ('int', 'float') then case
+            when jsonb_path_exists(v, 'strict $[*] ? (@.type() != "number")')
+              or jsonb_path_exists(v, 'strict $[*] ? (@ >= 1e308 || @ <= -1e308 || (@ != 0 && @ < 1e-300 && @ > -1e-300))')
+            then null else v end
+        when ftype in ('string', 'string_set') then case
+            when jsonb_path_exists(v, 'strict $[*] ? (@.type() != "string")') then null else v end
+        when ftype = 'bool' then case
+            when jsonb_path_exists(v, 'strict $[*] ? (@.type() != "boolean")') then null else v end
+    end;
+    if list is null then
+        -- Raises at the first bad item.
+        for i in 0 .. n - 1 loop
+            perform agentdb.filter_value(ctx, spec, v->i, path || '[' || i || ']');
+        end loop;
+        list := to_jsonb(array(
+            select agentdb.filter_value(ctx, spec, e, path) from jsonb_array_elements(v) with ordinality x(e, o)
+            order by o));
+    end if;
 end;
 $$;
 
 -- One leaf of the AST: `op` (eq ne lt le gt ge in nin contains prefix) applied to a field and a literal.
--- `label` is the operator as the user wrote it; `op_path` and `value_path` locate errors.
+-- `label` is the operator as the user wrote it; `op_path` and `value_path` locate errors; `vals` counts
+-- the filter's list items.
 create or replace function agentdb.filter_leaf(
-    ctx jsonb, op text, spec jsonb, v jsonb, op_path text, value_path text, label text
-) returns jsonb language plpgsql stable as $$
+    ctx jsonb, op text, spec jsonb, v jsonb, op_path text, value_path text, label text, inout vals int, out ast jsonb
+) language plpgsql stable as $$
 declare
     ftype text := spec->>'type';
     name text := spec->>'name';
+    r record;
 begin
     if op in ('lt', 'le', 'gt', 'ge') and ftype in ('bool', 'string_set') then
         perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
@@ -186,34 +282,36 @@ begin
             format('%s does not apply to %s field %s', label, ftype, to_jsonb(name)));
     end if;
     if op in ('in', 'nin') then
-        return jsonb_build_object('t', 'in', 'f', name, 'neg', op = 'nin',
-                                  'v', agentdb.filter_list(ctx, spec, v, value_path, label));
+        r := agentdb.filter_list(ctx, spec, v, value_path, label, vals);
+        vals := r.vals;
+        ast := jsonb_build_object('t', 'in', 'f', name, 'neg', op = 'nin', 'v', r.list);
     elsif op in ('contains', 'prefix') then
-        return jsonb_build_object('t', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
+        ast := jsonb_build_object('t', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
+    else
+        ast := jsonb_build_object('t', 'cmp', 'op', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
     end if;
-    return jsonb_build_object('t', 'cmp', 'op', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
 end;
 $$;
 
 -- AND of a list of AST nodes, simplified: [] is true, a single node stands alone.
-create or replace function agentdb.filter_and(items jsonb) returns jsonb
+create or replace function agentdb.filter_and(items jsonb[]) returns jsonb
 language sql immutable as $$
-select case jsonb_array_length(items)
+select case coalesce(cardinality(items), 0)
     when 0 then '{"t": "const", "v": true}'::jsonb
-    when 1 then items->0
+    when 1 then items[1]
     else jsonb_build_object('t', 'and', 'args', items)
 end
 $$;
 
 -- At least `n` of the nodes `items`: folded to true, false, or and/or when it can be.
-create or replace function agentdb.filter_atleast(n int, items jsonb) returns jsonb
+create or replace function agentdb.filter_atleast(n int, items jsonb[]) returns jsonb
 language sql immutable as $$
 select case
     when n <= 0 then '{"t": "const", "v": true}'::jsonb
-    when n > jsonb_array_length(items) then '{"t": "const", "v": false}'::jsonb
-    when jsonb_array_length(items) = 1 then items->0
+    when n > coalesce(cardinality(items), 0) then '{"t": "const", "v": false}'::jsonb
+    when cardinality(items) = 1 then items[1]
     when n = 1 then jsonb_build_object('t', 'or', 'args', items)
-    when n = jsonb_array_length(items) then jsonb_build_object('t', 'and', 'args', items)
+    when n = cardinality(items) then jsonb_build_object('t', 'and', 'args', items)
     else jsonb_build_object('t', 'atleast', 'n', n, 'args', items)
 end
 $$;
@@ -237,7 +335,7 @@ $$;
 -- Depth counts nested nodes (the root is 1; in operator objects, each field condition and each
 -- field-level $not is a node too).
 create or replace function agentdb.filter_parse(
-    ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     query_keys constant text[] := array[
@@ -245,6 +343,8 @@ declare
         'start', 'end', 'inclusive_start', 'inclusive_end', 'date_range', 'conjuncts', 'disjuncts', 'bool',
         'must', 'should', 'must_not', 'filter', 'minimum_should_match', 'match_all', 'match_none', 'ids',
         'doc_id'];
+    r record;
+    is_query boolean;
 begin
     nodes := agentdb.filter_enter(ctx, path, depth, nodes);
     if jsonb_typeof(node) is distinct from 'object' then
@@ -252,24 +352,35 @@ begin
             format('expected a filter object, got %s', agentdb.filter_kind(node)));
     end if;
     if node ? 'op' then
-        select r.nodes, r.ast into nodes, ast from agentdb.filter_parse_tryll(ctx, node, path, depth, nodes) r;
-    elsif exists (select 1 from jsonb_object_keys(node) k where k = any(query_keys) and not (ctx->'fields') ? k) then
-        select r.nodes, r.ast into nodes, ast from agentdb.filter_parse_query(ctx, node, path, depth, nodes) r;
+        r := agentdb.filter_parse_tryll(ctx, node, path, depth, nodes, vals);
     else
-        select r.nodes, r.ast into nodes, ast from agentdb.filter_parse_object(ctx, node, path, depth, nodes) r;
+        is_query := node ?| query_keys;
+        if is_query and (ctx->'fields') ?| query_keys then
+            -- Some field is named like a query key: only the other query keys make this a query object.
+            is_query := exists (
+                select 1 from jsonb_object_keys(node) k where k = any(query_keys) and not (ctx->'fields') ? k);
+        end if;
+        if is_query then
+            r := agentdb.filter_parse_query(ctx, node, path, depth, nodes, vals);
+        else
+            r := agentdb.filter_parse_object(ctx, node, path, depth, nodes, vals);
+        end if;
     end if;
+    nodes := r.nodes;
+    vals := r.vals;
+    ast := r.ast;
 end;
 $$;
 
 -- The children of and/or/$and/$or/conjuncts/disjuncts: a non-empty array of at most 1,000 nodes.
 create or replace function agentdb.filter_parse_list(
-    ctx jsonb, v jsonb, path text, depth int, label text, inout nodes int, out asts jsonb
+    ctx jsonb, v jsonb, path text, depth int, label text, inout nodes int, inout vals int, out asts jsonb[]
 ) language plpgsql stable as $$
 declare
     i int;
-    child jsonb;
+    r record;
 begin
-    asts := '[]';
+    asts := '{}';
     if jsonb_typeof(v) is distinct from 'array' then
         perform agentdb.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of filters', label));
     end if;
@@ -280,9 +391,10 @@ begin
         perform agentdb.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
     end if;
     for i in 0 .. jsonb_array_length(v) - 1 loop
-        select r.nodes, r.ast into nodes, child
-        from agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes) r;
-        asts := asts || jsonb_build_array(child);
+        r := agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
+        asts := array_append(asts, r.ast);
     end loop;
 end;
 $$;
@@ -291,9 +403,10 @@ $$;
 create or replace function agentdb.filter_operand(ctx jsonb, o jsonb, path text) returns jsonb
 language plpgsql stable as $$
 begin
+    -- Exactly one key, and it is knowledge or value.
     if jsonb_typeof(o) is distinct from 'object'
-       or (select count(*) from jsonb_object_keys(o)) <> 1
-       or not (o ?| array['knowledge', 'value']) then
+       or (case when jsonb_typeof(o) = 'object'
+                then o - array['knowledge', 'value'] <> '{}'::jsonb or (o ? 'knowledge') = (o ? 'value') end) then
         perform agentdb.filter_fail(ctx, 'bad_operand', path,
             'an operand is {"knowledge": "<field>"} or {"value": <literal>}');
     end if;
@@ -306,15 +419,15 @@ $$;
 
 -- Tryll op nodes: and/or (args), not (arg), eq ne lt le gt ge (lhs, rhs), in (needle, haystack).
 create or replace function agentdb.filter_parse_tryll(
-    ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     op text;
     allowed text[];
     extra text;
-    child jsonb;
     l jsonb;
     r jsonb;
+    x record;
     op_path text := agentdb.filter_key(path, 'op');
 begin
     if jsonb_typeof(node->'op') is distinct from 'string' then
@@ -331,7 +444,7 @@ begin
         perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
             format('unknown op %s: use and, or, not, eq, ne, lt, le, gt, ge or in', to_jsonb(op)));
     end if;
-    select k into extra from jsonb_object_keys(node) k where k <> all(allowed) order by k limit 1;
+    extra := agentdb.filter_extra_key(node, allowed);
     if extra is not null then
         perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, extra),
             format('unexpected key %s in an %s node', to_jsonb(extra), op));
@@ -342,13 +455,17 @@ begin
     end if;
 
     if op in ('and', 'or') then
-        select x.nodes, x.asts into nodes, child
-        from agentdb.filter_parse_list(ctx, node->'args', agentdb.filter_key(path, 'args'), depth, op, nodes) x;
-        ast := case when jsonb_array_length(child) = 1 then child->0 else jsonb_build_object('t', op, 'args', child) end;
+        x := agentdb.filter_parse_list(ctx, node->'args', agentdb.filter_key(path, 'args'), depth, op, nodes, vals);
+        nodes := x.nodes;
+        vals := x.vals;
+        ast := case when cardinality(x.asts) = 1 then x.asts[1] else jsonb_build_object('t', op, 'args', x.asts) end;
+        return;
     elsif op = 'not' then
-        select x.nodes, x.ast into nodes, child
-        from agentdb.filter_parse(ctx, node->'arg', agentdb.filter_key(path, 'arg'), depth + 1, nodes) x;
-        ast := jsonb_build_object('t', 'not', 'arg', child);
+        x := agentdb.filter_parse(ctx, node->'arg', agentdb.filter_key(path, 'arg'), depth + 1, nodes, vals);
+        nodes := x.nodes;
+        vals := x.vals;
+        ast := jsonb_build_object('t', 'not', 'arg', x.ast);
+        return;
     elsif op = 'in' then
         l := agentdb.filter_operand(ctx, node->'needle', agentdb.filter_key(path, 'needle'));
         r := agentdb.filter_operand(ctx, node->'haystack', agentdb.filter_key(path, 'haystack'));
@@ -357,15 +474,15 @@ begin
                 perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
                     'the haystack must be an array literal or a string_set field');
             end if;
-            ast := agentdb.filter_leaf(ctx, 'in', l->'field', r->'value', op_path,
-                                       agentdb.filter_key(path, 'haystack'), 'in');
+            x := agentdb.filter_leaf(ctx, 'in', l->'field', r->'value', op_path,
+                                     agentdb.filter_key(path, 'haystack'), 'in', vals);
         elsif l ? 'value' and r ? 'field' then
             if r->'field'->>'type' <> 'string_set' then
                 perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
                     'the haystack must be an array literal or a string_set field');
             end if;
-            ast := agentdb.filter_leaf(ctx, 'contains', r->'field', l->'value', op_path,
-                                       agentdb.filter_key(path, 'needle'), 'in');
+            x := agentdb.filter_leaf(ctx, 'contains', r->'field', l->'value', op_path,
+                                     agentdb.filter_key(path, 'needle'), 'in', vals);
         elsif l ? 'field' then
             perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
                 'compare a field with values, not with another field');
@@ -377,13 +494,13 @@ begin
         l := agentdb.filter_operand(ctx, node->'lhs', agentdb.filter_key(path, 'lhs'));
         r := agentdb.filter_operand(ctx, node->'rhs', agentdb.filter_key(path, 'rhs'));
         if l ? 'field' and r ? 'value' then
-            ast := agentdb.filter_leaf(ctx, op, l->'field', r->'value', op_path,
-                                       agentdb.filter_key(path, 'rhs'), op);
+            x := agentdb.filter_leaf(ctx, op, l->'field', r->'value', op_path,
+                                     agentdb.filter_key(path, 'rhs'), op, vals);
         elsif l ? 'value' and r ? 'field' then
             -- `value op field` is `field op' value` with the comparison mirrored.
-            ast := agentdb.filter_leaf(ctx,
+            x := agentdb.filter_leaf(ctx,
                 case op when 'lt' then 'gt' when 'le' then 'ge' when 'gt' then 'lt' when 'ge' then 'le' else op end,
-                r->'field', l->'value', op_path, agentdb.filter_key(path, 'lhs'), op);
+                r->'field', l->'value', op_path, agentdb.filter_key(path, 'lhs'), op, vals);
         elsif l ? 'field' then
             perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'rhs'),
                 'compare a field with a value, not with another field');
@@ -392,14 +509,18 @@ begin
                 'one side must be a field: {"knowledge": "<field>"}');
         end if;
     end if;
+    -- A comparison or an in leaf.
+    vals := x.vals;
+    ast := x.ast;
 end;
 $$;
 
--- Document ids for {"ids": [...]}: an array of at most 1,000 strings.
-create or replace function agentdb.filter_ids(ctx jsonb, v jsonb, path text) returns jsonb
+-- Document ids for {"ids": [...]}: an array of at most 1,000 strings, counted in the filter's list items.
+create or replace function agentdb.filter_ids(ctx jsonb, v jsonb, path text, inout vals int, out ast jsonb)
 language plpgsql stable as $$
 declare
     i int;
+    bad jsonb;
 begin
     if jsonb_typeof(v) is distinct from 'array' then
         perform agentdb.filter_fail(ctx, 'bad_operand', path, 'ids needs an array of document ids');
@@ -407,13 +528,14 @@ begin
     if jsonb_array_length(v) > 1000 then
         perform agentdb.filter_fail(ctx, 'too_many_items', path, 'ids has more than 1000 items');
     end if;
-    for i in 0 .. jsonb_array_length(v) - 1 loop
-        if jsonb_typeof(v->i) <> 'string' then
-            perform agentdb.filter_fail(ctx, 'type_mismatch', path || '[' || i || ']',
-                format('cannot compare %s with a document id (string)', agentdb.filter_kind(v->i)));
-        end if;
-    end loop;
-    return jsonb_build_object('t', 'ids', 'v', v);
+    vals := agentdb.filter_spend(ctx, path, vals, jsonb_array_length(v));
+    if jsonb_path_exists(v, 'strict $[*] ? (@.type() != "string")') then
+        select o - 1, e into i, bad
+        from jsonb_array_elements(v) with ordinality x(e, o) where jsonb_typeof(e) <> 'string' order by o limit 1;
+        perform agentdb.filter_fail(ctx, 'type_mismatch', path || '[' || i || ']',
+            format('cannot compare %s with a document id (string)', agentdb.filter_kind(bad)));
+    end if;
+    ast := jsonb_build_object('t', 'ids', 'v', v);
 end;
 $$;
 
@@ -431,9 +553,9 @@ declare
     k text;
     lo_inc boolean := true;
     hi_inc boolean := false;
-    items jsonb := '[]';
+    items jsonb[] := '{}';
 begin
-    select x into extra from jsonb_object_keys(node) x where x <> all(allowed) order by x limit 1;
+    extra := agentdb.filter_extra_key(node, allowed);
     if extra is not null then
         perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
             format('unexpected key %s in a %s query', to_jsonb(extra), label));
@@ -460,12 +582,13 @@ begin
         perform agentdb.filter_fail(ctx, 'bad_operand', path, format('a %s needs %s or %s', label, lo_key, hi_key));
     end if;
     if coalesce(jsonb_typeof(node->lo_key), 'null') <> 'null' then
-        items := items || jsonb_build_array(agentdb.filter_leaf(ctx, case when lo_inc then 'ge' else 'gt' end,
-            spec, node->lo_key, agentdb.filter_key(path, lo_key), agentdb.filter_key(path, lo_key), lo_key));
+        -- A bound is a single value, not a list: no list items to count.
+        items := items || (agentdb.filter_leaf(ctx, case when lo_inc then 'ge' else 'gt' end,
+            spec, node->lo_key, agentdb.filter_key(path, lo_key), agentdb.filter_key(path, lo_key), lo_key, 0)).ast;
     end if;
     if coalesce(jsonb_typeof(node->hi_key), 'null') <> 'null' then
-        items := items || jsonb_build_array(agentdb.filter_leaf(ctx, case when hi_inc then 'le' else 'lt' end,
-            spec, node->hi_key, agentdb.filter_key(path, hi_key), agentdb.filter_key(path, hi_key), hi_key));
+        items := items || (agentdb.filter_leaf(ctx, case when hi_inc then 'le' else 'lt' end,
+            spec, node->hi_key, agentdb.filter_key(path, hi_key), agentdb.filter_key(path, hi_key), hi_key, 0)).ast;
     end if;
     return agentdb.filter_and(items);
 end;
@@ -473,26 +596,29 @@ $$;
 
 -- One clause of a bool query: a query or a list of queries (at most 1,000; an empty list is no clause).
 create or replace function agentdb.filter_parse_clause(
-    ctx jsonb, v jsonb, path text, depth int, inout nodes int, out asts jsonb
+    ctx jsonb, v jsonb, path text, depth int, inout nodes int, inout vals int, out asts jsonb[]
 ) language plpgsql stable as $$
 declare
     i int;
-    child jsonb;
+    r record;
 begin
-    asts := '[]';
+    asts := '{}';
     if v is null then
         return;
     elsif jsonb_typeof(v) = 'object' then
-        select r.nodes, r.ast into nodes, child from agentdb.filter_parse(ctx, v, path, depth + 1, nodes) r;
-        asts := jsonb_build_array(child);
+        r := agentdb.filter_parse(ctx, v, path, depth + 1, nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
+        asts := array[r.ast];
     elsif jsonb_typeof(v) = 'array' then
         if jsonb_array_length(v) > 1000 then
             perform agentdb.filter_fail(ctx, 'too_many_items', path, 'the clause has more than 1000 items');
         end if;
         for i in 0 .. jsonb_array_length(v) - 1 loop
-            select r.nodes, r.ast into nodes, child
-            from agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes) r;
-            asts := asts || jsonb_build_array(child);
+            r := agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
+            nodes := r.nodes;
+            vals := r.vals;
+            asts := array_append(asts, r.ast);
         end loop;
     else
         perform agentdb.filter_fail(ctx, 'bad_operand', path, 'expected a query or a list of queries');
@@ -503,44 +629,53 @@ $$;
 -- A bool query {must, should, must_not, filter, minimum_should_match}. As in Elasticsearch, `should`
 -- needs at least one match when there is no must/filter clause and minimum_should_match is not given.
 create or replace function agentdb.filter_parse_bool(
-    ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     allowed constant text[] := array['must', 'should', 'must_not', 'filter', 'minimum_should_match'];
     extra text;
-    must jsonb;
-    filt jsonb;
-    should jsonb;
-    must_not jsonb;
-    items jsonb;
+    r record;
+    must jsonb[];
+    filt jsonb[];
+    should jsonb[];
+    must_not jsonb[];
+    items jsonb[];
+    child jsonb;
     n int;
-    i int;
 begin
-    select k into extra from jsonb_object_keys(node) k where k <> all(allowed) order by k limit 1;
+    extra := agentdb.filter_extra_key(node, allowed);
     if extra is not null then
         perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
             format('unexpected key %s in a bool query', to_jsonb(extra)));
     end if;
-    select r.nodes, r.asts into nodes, must
-    from agentdb.filter_parse_clause(ctx, node->'must', agentdb.filter_key(path, 'must'), depth, nodes) r;
-    select r.nodes, r.asts into nodes, filt
-    from agentdb.filter_parse_clause(ctx, node->'filter', agentdb.filter_key(path, 'filter'), depth, nodes) r;
-    select r.nodes, r.asts into nodes, should
-    from agentdb.filter_parse_clause(ctx, node->'should', agentdb.filter_key(path, 'should'), depth, nodes) r;
-    select r.nodes, r.asts into nodes, must_not
-    from agentdb.filter_parse_clause(ctx, node->'must_not', agentdb.filter_key(path, 'must_not'), depth, nodes) r;
+    r := agentdb.filter_parse_clause(ctx, node->'must', agentdb.filter_key(path, 'must'), depth, nodes, vals);
+    nodes := r.nodes;
+    vals := r.vals;
+    must := r.asts;
+    r := agentdb.filter_parse_clause(ctx, node->'filter', agentdb.filter_key(path, 'filter'), depth, nodes, vals);
+    nodes := r.nodes;
+    vals := r.vals;
+    filt := r.asts;
+    r := agentdb.filter_parse_clause(ctx, node->'should', agentdb.filter_key(path, 'should'), depth, nodes, vals);
+    nodes := r.nodes;
+    vals := r.vals;
+    should := r.asts;
+    r := agentdb.filter_parse_clause(ctx, node->'must_not', agentdb.filter_key(path, 'must_not'), depth, nodes, vals);
+    nodes := r.nodes;
+    vals := r.vals;
+    must_not := r.asts;
     if coalesce(jsonb_typeof(node->'minimum_should_match'), 'null') <> 'null' then
         n := agentdb.filter_count(ctx, node->'minimum_should_match',
                                   agentdb.filter_key(path, 'minimum_should_match'), 'minimum_should_match');
     else
-        n := case when jsonb_array_length(should) > 0 and jsonb_array_length(must || filt) = 0 then 1 else 0 end;
+        n := case when cardinality(should) > 0 and cardinality(must) + cardinality(filt) = 0 then 1 else 0 end;
     end if;
     items := must || filt;
-    for i in 0 .. jsonb_array_length(must_not) - 1 loop
-        items := items || jsonb_build_array(jsonb_build_object('t', 'not', 'arg', must_not->i));
+    foreach child in array must_not loop
+        items := array_append(items, jsonb_build_object('t', 'not', 'arg', child));
     end loop;
     if n > 0 then
-        items := items || jsonb_build_array(agentdb.filter_atleast(n, should));
+        items := array_append(items, agentdb.filter_atleast(n, should));
     end if;
     ast := agentdb.filter_and(items);
 end;
@@ -549,14 +684,14 @@ $$;
 -- Query objects (seed 002, Antfly/Bleve style): term, terms, prefix, numeric and date ranges, conjuncts,
 -- disjuncts (at least `min`, default 1), bool (wrapped or not), match_all, match_none, ids, doc_id.
 create or replace function agentdb.filter_parse_query(
-    ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     kind text;
     allowed text[];
     extra text;
     spec jsonb;
-    child jsonb;
+    r record;
     n int;
     kp text;
 begin
@@ -593,7 +728,7 @@ begin
             when 'prefix' then array['prefix', 'field']
             else array[kind]
         end;
-        select k into extra from jsonb_object_keys(node) k where k <> all(allowed) order by k limit 1;
+        extra := agentdb.filter_extra_key(node, allowed);
         if extra is not null then
             perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
                 format('unexpected key %s in a %s query', to_jsonb(extra), kind));
@@ -607,39 +742,53 @@ begin
         end if;
         ast := jsonb_build_object('t', 'const', 'v', kind = 'match_all');
     elsif kind = 'ids' then
-        ast := agentdb.filter_ids(ctx, node->'ids', kp);
+        r := agentdb.filter_ids(ctx, node->'ids', kp, vals);
+        vals := r.vals;
+        ast := r.ast;
     elsif kind = 'doc_id' then
         if jsonb_typeof(node->'doc_id') is distinct from 'object' or not node->'doc_id' ? 'ids'
            or (select count(*) from jsonb_object_keys(node->'doc_id')) <> 1 then
             perform agentdb.filter_fail(ctx, 'bad_operand', kp, 'doc_id takes {"ids": ["<id>", ...]}');
         end if;
-        ast := agentdb.filter_ids(ctx, node->'doc_id'->'ids', agentdb.filter_key(kp, 'ids'));
+        r := agentdb.filter_ids(ctx, node->'doc_id'->'ids', agentdb.filter_key(kp, 'ids'), vals);
+        vals := r.vals;
+        ast := r.ast;
     elsif kind = 'conjuncts' then
-        select r.nodes, r.asts into nodes, child
-        from agentdb.filter_parse_list(ctx, node->'conjuncts', kp, depth, 'conjuncts', nodes) r;
-        ast := agentdb.filter_and(child);
+        r := agentdb.filter_parse_list(ctx, node->'conjuncts', kp, depth, 'conjuncts', nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
+        ast := agentdb.filter_and(r.asts);
     elsif kind = 'disjuncts' then
-        select r.nodes, r.asts into nodes, child
-        from agentdb.filter_parse_list(ctx, node->'disjuncts', kp, depth, 'disjuncts', nodes) r;
+        r := agentdb.filter_parse_list(ctx, node->'disjuncts', kp, depth, 'disjuncts', nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
         n := 1;
         if coalesce(jsonb_typeof(node->'min'), 'null') <> 'null' then
             n := agentdb.filter_count(ctx, node->'min', agentdb.filter_key(path, 'min'), 'min');
         end if;
-        ast := agentdb.filter_atleast(n, child);
+        ast := agentdb.filter_atleast(n, r.asts);
     elsif kind = 'bool' then
         if jsonb_typeof(node->'bool') <> 'object' then
             perform agentdb.filter_fail(ctx, 'bad_operand', kp, 'bool takes an object {must, should, must_not, filter}');
         end if;
-        select r.nodes, r.ast into nodes, ast from agentdb.filter_parse_bool(ctx, node->'bool', kp, depth, nodes) r;
+        r := agentdb.filter_parse_bool(ctx, node->'bool', kp, depth, nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
+        ast := r.ast;
     elsif kind = 'bool_inline' then
-        select r.nodes, r.ast into nodes, ast from agentdb.filter_parse_bool(ctx, node, path, depth, nodes) r;
+        r := agentdb.filter_parse_bool(ctx, node, path, depth, nodes, vals);
+        nodes := r.nodes;
+        vals := r.vals;
+        ast := r.ast;
     elsif kind in ('term', 'terms', 'prefix') then
         if not node ? 'field' then
             perform agentdb.filter_fail(ctx, 'bad_operand', path, format('a %s query needs a field', kind));
         end if;
         spec := agentdb.filter_field(ctx, node->'field', agentdb.filter_key(path, 'field'));
-        ast := agentdb.filter_leaf(ctx, case kind when 'term' then 'eq' when 'terms' then 'in' else 'prefix' end,
-                                   spec, node->kind, kp, kp, kind);
+        r := agentdb.filter_leaf(ctx, case kind when 'term' then 'eq' when 'terms' then 'in' else 'prefix' end,
+                                 spec, node->kind, kp, kp, kind, vals);
+        vals := r.vals;
+        ast := r.ast;
     elsif kind in ('numeric_range', 'date_range') then
         if jsonb_typeof(node->kind) is distinct from 'object' then
             perform agentdb.filter_fail(ctx, 'bad_operand', kp, format('%s takes an object with a field', kind));
@@ -653,29 +802,33 @@ $$;
 
 -- Operator objects (vector-store style): keys are field names or $and/$or/$not, all ANDed.
 create or replace function agentdb.filter_parse_object(
-    ctx jsonb, node jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     k text;
     v jsonb;
     kp text;
     spec jsonb;
-    child jsonb;
-    items jsonb := '[]';
+    r record;
+    items jsonb[] := '{}';
 begin
     for k, v in select e.key, e.value from jsonb_each(node) e loop
         kp := agentdb.filter_key(path, k);
         if k in ('$and', '$or') then
-            select r.nodes, r.asts into nodes, child from agentdb.filter_parse_list(ctx, v, kp, depth, k, nodes) r;
-            items := items || jsonb_build_array(case
-                when jsonb_array_length(child) = 1 then child->0
-                else jsonb_build_object('t', substr(k, 2), 'args', child) end);
+            r := agentdb.filter_parse_list(ctx, v, kp, depth, k, nodes, vals);
+            nodes := r.nodes;
+            vals := r.vals;
+            items := array_append(items, case
+                when cardinality(r.asts) = 1 then r.asts[1]
+                else jsonb_build_object('t', substr(k, 2), 'args', r.asts) end);
         elsif k = '$not' then
             if jsonb_typeof(v) is distinct from 'object' then
                 perform agentdb.filter_fail(ctx, 'bad_operand', kp, '$not needs a filter object');
             end if;
-            select r.nodes, r.ast into nodes, child from agentdb.filter_parse(ctx, v, kp, depth + 1, nodes) r;
-            items := items || jsonb_build_array(jsonb_build_object('t', 'not', 'arg', child));
+            r := agentdb.filter_parse(ctx, v, kp, depth + 1, nodes, vals);
+            nodes := r.nodes;
+            vals := r.vals;
+            items := array_append(items, jsonb_build_object('t', 'not', 'arg', r.ast));
         elsif left(k, 1) = '$' then
             if k in ('$eq', '$ne', '$gt', '$gte', '$lt', '$lte', '$in', '$nin', '$exists', '$contains') then
                 perform agentdb.filter_fail(ctx, 'bad_operator', kp,
@@ -686,9 +839,10 @@ begin
         else
             spec := agentdb.filter_field(ctx, to_jsonb(k), kp);
             nodes := agentdb.filter_enter(ctx, kp, depth + 1, nodes);
-            select r.nodes, r.ast into nodes, child
-            from agentdb.filter_parse_condition(ctx, spec, v, kp, depth + 1, nodes) r;
-            items := items || jsonb_build_array(child);
+            r := agentdb.filter_parse_condition(ctx, spec, v, kp, depth + 1, nodes, vals);
+            nodes := r.nodes;
+            vals := r.vals;
+            items := array_append(items, r.ast);
         end if;
     end loop;
     ast := agentdb.filter_and(items);
@@ -698,40 +852,43 @@ $$;
 -- The condition on one field in an operator object: a bare value ($eq) or an object of operators
 -- ($eq $ne $gt $gte $lt $lte $in $nin $exists $contains $not), ANDed.
 create or replace function agentdb.filter_parse_condition(
-    ctx jsonb, spec jsonb, v jsonb, path text, depth int, inout nodes int, out ast jsonb
+    ctx jsonb, spec jsonb, v jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
     op text;
     ov jsonb;
     op_path text;
     child jsonb;
-    items jsonb := '[]';
+    r record;
+    items jsonb[] := '{}';
 begin
     if jsonb_typeof(v) = 'array' then
         perform agentdb.filter_fail(ctx, 'bad_operand', path,
             'an array literal is only allowed as the list of $in or $nin');
     elsif jsonb_typeof(v) is distinct from 'object' then
-        ast := agentdb.filter_leaf(ctx, 'eq', spec, v, path, path, '$eq');
+        ast := (agentdb.filter_leaf(ctx, 'eq', spec, v, path, path, '$eq', vals)).ast;
         return;
     end if;
     if v = '{}'::jsonb then
         perform agentdb.filter_fail(ctx, 'empty', path, 'the condition has no operator');
     end if;
-    if exists (select 1 from jsonb_object_keys(v) k where left(k, 1) <> '$') then
+    if jsonb_path_exists(v, 'strict $.keyvalue() ? (!(@.key starts with "$"))') then
         perform agentdb.filter_fail(ctx, 'bad_operand', path,
             'an object value must hold operators such as {"$eq": ...}');
     end if;
     for op, ov in select e.key, e.value from jsonb_each(v) e loop
         op_path := agentdb.filter_key(path, op);
         if op in ('$eq', '$ne', '$gt', '$gte', '$lt', '$lte') then
-            child := agentdb.filter_leaf(ctx,
+            child := (agentdb.filter_leaf(ctx,
                 case op when '$eq' then 'eq' when '$ne' then 'ne' when '$gt' then 'gt' when '$gte' then 'ge'
                         when '$lt' then 'lt' else 'le' end,
-                spec, ov, op_path, op_path, op);
+                spec, ov, op_path, op_path, op, vals)).ast;
         elsif op in ('$in', '$nin') then
-            child := agentdb.filter_leaf(ctx, substr(op, 2), spec, ov, op_path, op_path, op);
+            r := agentdb.filter_leaf(ctx, substr(op, 2), spec, ov, op_path, op_path, op, vals);
+            vals := r.vals;
+            child := r.ast;
         elsif op = '$contains' then
-            child := agentdb.filter_leaf(ctx, 'contains', spec, ov, op_path, op_path, op);
+            child := (agentdb.filter_leaf(ctx, 'contains', spec, ov, op_path, op_path, op, vals)).ast;
         elsif op = '$exists' then
             if jsonb_typeof(ov) is distinct from 'boolean' then
                 perform agentdb.filter_fail(ctx, 'bad_operand', op_path, '$exists takes true or false');
@@ -742,16 +899,17 @@ begin
             end if;
         elsif op = '$not' then
             nodes := agentdb.filter_enter(ctx, op_path, depth + 1, nodes);
-            select r.nodes, r.ast into nodes, child
-            from agentdb.filter_parse_condition(ctx, spec, ov, op_path, depth + 1, nodes) r;
-            child := jsonb_build_object('t', 'not', 'arg', child);
+            r := agentdb.filter_parse_condition(ctx, spec, ov, op_path, depth + 1, nodes, vals);
+            nodes := r.nodes;
+            vals := r.vals;
+            child := jsonb_build_object('t', 'not', 'arg', r.ast);
         elsif op in ('$and', '$or') then
             perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
                 format('%s is not allowed inside a field condition; put it at the filter level', op));
         else
             perform agentdb.filter_fail(ctx, 'bad_operator', op_path, format('unknown operator %s', to_jsonb(op)));
         end if;
-        items := items || jsonb_build_array(child);
+        items := array_append(items, child);
     end loop;
     ast := agentdb.filter_and(items);
 end;
@@ -767,7 +925,7 @@ $$;
 -- with the default-aware comparison. Every other metadata leaf is coalesce(<typed test>, false).
 -- Column fields compare c.<column>; `x op v and x is not null` keeps them two-valued and indexable.
 create or replace function agentdb.filter_leaf_sql(
-    ctx jsonb, ast jsonb, params_ref text, inout params jsonb, out pred text
+    ctx jsonb, ast jsonb, params_ref text, base int, out pred text, out params jsonb[]
 ) language plpgsql stable as $$
 declare
     t text := ast->>'t';
@@ -786,10 +944,12 @@ declare
     txt text;       -- metadata only: the value as text
     guard text;     -- metadata only: the value is present with the field's JSON type
     typ text;       -- column only: the SQL type values are cast to
+    default_listed boolean := false;  -- metadata in leaf only: the default is one of the values
     p text;         -- this leaf's parameter (jsonb)
     pt text;        -- the same, as text
     n int;
 begin
+    params := '{}';
     if t = 'exists' and has_default then
         pred := 'true';
         return;
@@ -798,8 +958,8 @@ begin
     if col is null then
         val := format('(c.metadata->%L)', name);
         if has_default then
-            n := jsonb_array_length(params);
-            params := params || jsonb_build_array(dflt);
+            n := base + cardinality(params);
+            params := array_append(params, dflt);
             val := format('coalesce(nullif(c.metadata->%L, ''null''::jsonb), (%s->%s))', name, params_ref, n);
         end if;
         txt := format('(%s #>> ''{}'')', val);
@@ -810,67 +970,72 @@ begin
             pred := format('coalesce(%s, false)', guard);
             return;
         end if;
+        -- Is the default among the values of an in leaf? (v @> [dflt] compares numbers by value, as = does.)
+        if t = 'in' and has_default then
+            if ftype = 'string_set' then
+                default_listed := exists (select 1 from jsonb_array_elements(v) e where dflt @> jsonb_build_array(e));
+            else
+                default_listed := v @> jsonb_build_array(dflt);
+            end if;
+        end if;
         -- The parameter: a containment document where the index can serve the leaf, else the value(s).
-        n := jsonb_array_length(params);
+        n := base + cardinality(params);
         p := format('(%s->%s)', params_ref, n);
         pt := format('(%s->>%s)', params_ref, n);
         if (t = 'cmp' and op = 'eq' or t = 'contains') and ftype = 'string_set' then
             if not has_default or not dflt @> jsonb_build_array(v) then
-                params := params || jsonb_build_array(jsonb_build_object(name, jsonb_build_array(v)));
+                params := array_append(params, jsonb_build_object(name, jsonb_build_array(v)));
                 pred := format('(c.metadata @> %s)', p);
             else
-                params := params || jsonb_build_array(jsonb_build_array(v));
+                params := array_append(params, jsonb_build_array(v));
                 pred := format('coalesce(%s and %s @> %s, false)', guard, val, p);
             end if;
         elsif t = 'cmp' and op = 'eq' and ftype <> 'timestamp' and (not has_default or dflt <> v) then
-            params := params || jsonb_build_array(jsonb_build_object(name, v));
+            params := array_append(params, jsonb_build_object(name, v));
             pred := format('(c.metadata @> %s)', p);
-        elsif t = 'in' and not neg and ftype <> 'timestamp' and (not has_default or not exists (
-                select 1 from jsonb_array_elements(v) e
-                where case when ftype = 'string_set' then dflt @> jsonb_build_array(e) else dflt = e end)) then
-            params := params || jsonb_build_array(coalesce((
-                select jsonb_agg(jsonb_build_object(name,
-                           case when ftype = 'string_set' then jsonb_build_array(e) else e end))
-                from jsonb_array_elements(v) e), '[]'));
+        elsif t = 'in' and not neg and ftype <> 'timestamp' and not default_listed then
+            params := array_append(params, to_jsonb(array(
+                select jsonb_build_object(name, case when ftype = 'string_set' then jsonb_build_array(e) else e end)
+                from jsonb_array_elements(v) e)));
             pred := format('(c.metadata @> any (array(select jsonb_array_elements(%s))))', p);
         elsif t = 'cmp' and ftype = 'string_set' then
             -- Only eq (handled above) and ne apply to a set: ne is "present and does not contain".
-            params := params || jsonb_build_array(jsonb_build_array(v));
+            params := array_append(params, jsonb_build_array(v));
             pred := format('coalesce(%s and not (%s @> %s), false)', guard, val, p);
         elsif t = 'cmp' and ftype = 'timestamp' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(case when %s then %s::timestamptz %s %s::timestamptz end, false)',
                            guard, txt, sqlop, pt);
         elsif t = 'cmp' and ftype = 'string' and op not in ('eq', 'ne') then
             -- Strings order by code point (collation "C"), the same in every database.
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and %s collate "C" %s %s, false)', guard, txt, sqlop, pt);
         elsif t = 'cmp' then
             -- jsonb compares numbers numerically (int and float promote) and strings and booleans exactly.
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and %s %s %s, false)', guard, val, sqlop, p);
         elsif t = 'in' and ftype = 'string_set' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and %s(%s ?| array(select jsonb_array_elements_text(%s))), false)',
                            guard, case when neg then 'not ' else '' end, val, p);
         elsif t = 'in' and ftype = 'timestamp' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(case when %s then %s(%s::timestamptz = any (array('
                            'select e::timestamptz from jsonb_array_elements_text(%s) e))) end, false)',
                            guard, case when neg then 'not ' else '' end, txt, p);
         elsif t = 'in' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and %s(%s = any (array(select jsonb_array_elements(%s)))), false)',
                            guard, case when neg then 'not ' else '' end, val, p);
         elsif t = 'contains' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and strpos(%s, %s) > 0, false)', guard, txt, pt);
         elsif t = 'prefix' and ftype = 'string_set' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(case when %s then exists (select 1 from jsonb_array_elements_text(%s) e'
                            ' where starts_with(e, %s)) end, false)', guard, val, pt);
         elsif t = 'prefix' then
-            params := params || jsonb_build_array(v);
+            params := array_append(params, v);
             pred := format('coalesce(%s and starts_with(%s, %s), false)', guard, txt, pt);
         else
             raise exception 'agentdb.filter_leaf_sql: unexpected leaf %', ast;
@@ -883,15 +1048,14 @@ begin
         when 'int' then 'numeric' when 'float' then 'float8' when 'bool' then 'boolean'
         when 'timestamp' then 'timestamptz' else 'text' end;
     -- Whole numbers compare with an int column as bigint, so that its btree index stays usable.
-    if ftype = 'int' and not exists (
-            select 1 from jsonb_array_elements(case when t = 'in' then v else jsonb_build_array(v) end) e
-            where e::numeric <> trunc(e::numeric) or abs(e::numeric) > 9223372036854775807) then
+    if ftype = 'int' and not jsonb_path_exists(case when t = 'in' then v else jsonb_build_array(v) end,
+            'strict $[*] ? (@ != @.floor() || @ > 9223372036854775807 || @ < -9223372036854775807)') then
         typ := 'numeric::bigint';
     end if;
     val := format('c.%I', col) || case when ftype = 'string_set' then '::text[]' else '' end;
     if has_default then
-        n := jsonb_array_length(params);
-        params := params || jsonb_build_array(dflt);
+        n := base + cardinality(params);
+        params := array_append(params, dflt);
         val := format('coalesce(%s, %s)', val, case when ftype = 'string_set'
             then format('array(select jsonb_array_elements_text(%s->%s))', params_ref, n)
             else format('(%s->>%s)::%s', params_ref, n, case when ftype = 'int' then 'numeric' else typ end) end);
@@ -900,8 +1064,8 @@ begin
         pred := format('(%s is not null)', val);
         return;
     end if;
-    n := jsonb_array_length(params);
-    params := params || jsonb_build_array(v);
+    n := base + cardinality(params);
+    params := array_append(params, v);
     p := format('(%s->%s)', params_ref, n);
     pt := format('(%s->>%s)', params_ref, n);
     if ftype = 'string_set' and (t = 'contains' or t = 'cmp' and op = 'eq') then
@@ -931,24 +1095,31 @@ begin
 end;
 $$;
 
--- Compile an AST to SQL over the row alias `c`, appending user values to `params`.
+-- Compile an AST to SQL over the row alias `c`. Returns the values of this subtree only, which the
+-- predicate reads as (params_ref->N) from N = `base` on: the caller appends them after its own `base`
+-- values, so each value is copied once per level above it rather than once per leaf of the whole filter.
 create or replace function agentdb.filter_sql(
-    ctx jsonb, ast jsonb, params_ref text, id_expr text, inout params jsonb, out pred text
+    ctx jsonb, ast jsonb, params_ref text, id_expr text, base int, out pred text, out params jsonb[]
 ) language plpgsql stable as $$
 declare
     t text := ast->>'t';
     parts text[] := '{}';
-    part text;
+    args jsonb;
+    v jsonb;
+    r record;
     i int;
-    n int;
 begin
+    params := '{}';
     if t = 'const' then
         pred := case when (ast->>'v')::boolean then 'true' else 'false' end;
     elsif t in ('and', 'or', 'atleast') then
-        for i in 0 .. jsonb_array_length(ast->'args') - 1 loop
-            select r.params, r.pred into params, part
-            from agentdb.filter_sql(ctx, ast->'args'->i, params_ref, id_expr, params) r;
-            parts := parts || part;
+        args := ast->'args';
+        for i in 0 .. jsonb_array_length(args) - 1 loop
+            r := agentdb.filter_sql(ctx, args->i, params_ref, id_expr, base + cardinality(params));
+            parts := array_append(parts, r.pred);
+            foreach v in array r.params loop
+                params := array_append(params, v);
+            end loop;
         end loop;
         if t = 'atleast' then
             pred := format('((%s) >= %s)',
@@ -958,15 +1129,17 @@ begin
             pred := '(' || array_to_string(parts, ' ' || t || ' ') || ')';
         end if;
     elsif t = 'not' then
-        select r.params, r.pred into params, part from agentdb.filter_sql(ctx, ast->'arg', params_ref, id_expr, params) r;
-        pred := format('(not %s)', part);
+        r := agentdb.filter_sql(ctx, ast->'arg', params_ref, id_expr, base);
+        pred := format('(not %s)', r.pred);
+        params := r.params;
     elsif t = 'ids' then
-        n := jsonb_array_length(params);
-        params := params || jsonb_build_array(ast->'v');
+        params := array[ast->'v'];
         pred := format('((%1$s) = any (array(select jsonb_array_elements_text(%2$s->%3$s))) and (%1$s) is not null)',
-                       id_expr, params_ref, n);
+                       id_expr, params_ref, base);
     else
-        select r.params, r.pred into params, pred from agentdb.filter_leaf_sql(ctx, ast, params_ref, params) r;
+        r := agentdb.filter_leaf_sql(ctx, ast, params_ref, base);
+        pred := r.pred;
+        params := r.params;
     end if;
 end;
 $$;
@@ -981,10 +1154,8 @@ create or replace function agentdb.compile_filter(
 ) returns table (predicate text, params jsonb) language plpgsql stable as $$
 declare
     ctx jsonb;
-    tree jsonb;
-    n int;
-    p jsonb;
-    pred text;
+    parsed record;
+    compiled record;
 begin
     if filter is null or filter in ('null'::jsonb, '{}'::jsonb, '""'::jsonb) then
         predicate := 'true';
@@ -1003,10 +1174,14 @@ begin
                 'default', f->'default'))
             from jsonb_array_elements(coalesce(compile_filter.fields, '[]'::jsonb)) f
             where jsonb_typeof(f->'name') = 'string'), '{}'::jsonb));
-    select r.nodes, r.ast into n, tree from agentdb.filter_parse(ctx, filter, '', 1, 0) r;
-    select r.params, r.pred into p, pred from agentdb.filter_sql(ctx, tree, params_ref, id_expr, '[]'::jsonb) r;
-    predicate := pred;
-    params := p;
+    -- The size as jsonb (pg_column_size reads the header, whatever the size): long strings are user input too.
+    if pg_column_size(filter) > 1048576 then
+        perform agentdb.filter_fail(ctx, 'too_large', '', 'the filter is larger than 1048576 bytes');
+    end if;
+    parsed := agentdb.filter_parse(ctx, filter, '', 1, 0, 0);
+    compiled := agentdb.filter_sql(ctx, parsed.ast, params_ref, id_expr, 0);
+    predicate := compiled.pred;
+    params := to_jsonb(compiled.params);
     return next;
 end;
 $$;

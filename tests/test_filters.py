@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -16,7 +17,7 @@ from psycopg.types.json import Jsonb
 from agentdb.errors import InvalidParamValue
 from agentdb.filters import compile_filter, validate_filter
 from agentdb.sources import FieldSpec, Source, create_document_source
-from tests.filter_oracle import filters, matches, sample_metadata
+from tests.filter_oracle import TIMESTAMPS, filters, matches, sample_metadata
 
 FIELDS = [
     FieldSpec(name="year", type="int"),
@@ -74,6 +75,7 @@ EQ = {"op": "eq", "lhs": {"knowledge": "year"}, "rhs": {"value": 1}}
 NOT_15: dict[str, Any] = EQ
 for _ in range(15):
     NOT_15 = {"op": "not", "arg": NOT_15}
+IN_1000 = {"op": "in", "needle": {"knowledge": "year"}, "haystack": {"value": list(range(1000))}}
 DEEP_CONDITION: dict[str, Any] = {"$eq": 1}
 for _ in range(13):
     DEEP_CONDITION = {"$not": DEEP_CONDITION}
@@ -208,6 +210,41 @@ BAD_FILTERS: list[tuple[Any, str, str]] = [
     ),
     ({"op": "not"}, "bad_operand: at $: not needs arg", "filter"),
     (
+        {"op": "eq", "lhs": {"knowledge": "year"}, "rhs": {"value": 1}, "zz": 1, "aa": 2},
+        'bad_operand: at aa: unexpected key "aa" in an eq node',
+        "filter.aa",
+    ),
+    (
+        {"op": "eq", "lhs": {"knowledge": "year", "value": 1}, "rhs": {"value": 1}},
+        'bad_operand: at lhs: an operand is {"knowledge": "<field>"} or {"value": <literal>}',
+        "filter.lhs",
+    ),
+    (
+        {"op": "in", "needle": {"knowledge": "year"}, "haystack": {}},
+        'bad_operand: at haystack: an operand is {"knowledge": "<field>"} or {"value": <literal>}',
+        "filter.haystack",
+    ),
+    (
+        {"op": "eq", "lhs": ["year"], "rhs": {"value": 1}},
+        'bad_operand: at lhs: an operand is {"knowledge": "<field>"} or {"value": <literal>}',
+        "filter.lhs",
+    ),
+    (
+        {"year": {"$gt": 1, "x": 2}},
+        'bad_operand: at year: an object value must hold operators such as {"$eq": ...}',
+        "filter.year",
+    ),
+    (
+        {"numeric_range": {"field": "year", "min": 1, "maximum": 2}},
+        'bad_operator: at numeric_range.maximum: unexpected key "maximum" in a numeric range query',
+        "filter.numeric_range.maximum",
+    ),
+    (
+        {"bool": {"must": {"match_all": {}}, "should_not": []}},
+        'bad_operator: at bool.should_not: unexpected key "should_not" in a bool query',
+        "filter.bool.should_not",
+    ),
+    (
         {"year": {"$exists": "yes"}},
         "bad_operand: at year.$exists: $exists takes true or false",
         "filter.year.$exists",
@@ -262,6 +299,85 @@ BAD_FILTERS: list[tuple[Any, str, str]] = [
         "too_many_items: at haystack: in has more than 1000 items",
         "filter.haystack",
     ),
+    # The total of list items (10,000), reported at the list that crosses it, in every syntax.
+    (
+        {"$or": [{"year": {"$in": list(range(1000))}}] * 10 + [{"status": {"$nin": ["a"]}}]},
+        "too_many_values: at $or[10].status.$nin: the filter has more than 10000 list items",
+        "filter.$or[10].status.$nin",
+    ),
+    (
+        {"conjuncts": [{"ids": DOC_IDS * 5}] * 10 + [{"terms": ["a"], "field": "status"}]},
+        "too_many_values: at conjuncts[10].terms: the filter has more than 10000 list items",
+        "filter.conjuncts[10].terms",
+    ),
+    (
+        {
+            "op": "or",
+            "args": [IN_1000] * 9 + [{"op": "not", "arg": {"doc_id": {"ids": ["a"] * 1000}}}, IN_1000],
+        },
+        "too_many_values: at args[10].haystack: the filter has more than 10000 list items",
+        "filter.args[10].haystack",
+    ),
+    # The size of the whole filter (1 MiB as jsonb; this one is 1,048,577 bytes).
+    (
+        {"status": "x" * (1048576 - 22 + 1)},
+        "too_large: at $: the filter is larger than 1048576 bytes",
+        "filter",
+    ),
+    # Bad items of a list are found by one set-based check, then named exactly as a single value is.
+    (
+        {"created": {"$in": ["2020-01-01", "2020-01-02T10:00:00+02:00", "2020-02-30", "x"]}},
+        "type_mismatch: at created.$in[2]: cannot compare string with timestamp: expected an ISO 8601"
+        " date-time such as 2020-01-01T00:00:00Z",
+        "filter.created.$in[2]",
+    ),
+    (
+        {"created": {"$nin": ["2020-01-01", 20200101]}},
+        "type_mismatch: at created.$nin[1]: cannot compare int with timestamp",
+        "filter.created.$nin[1]",
+    ),
+    (
+        {"year": {"$in": [1, 2.5, 1e308]}},
+        "type_mismatch: at year.$in[2]: the number is out of range for int",
+        "filter.year.$in[2]",
+    ),
+    (
+        {"score": {"$nin": [0.5, 0, -1e-301]}},
+        "type_mismatch: at score.$nin[2]: the number is out of range for float",
+        "filter.score.$nin[2]",
+    ),
+    (
+        {"published": {"$in": [True, False, "x"]}},
+        "type_mismatch: at published.$in[2]: cannot compare string with bool",
+        "filter.published.$in[2]",
+    ),
+    (
+        {"terms": ["a", None], "field": "tags"},
+        "type_mismatch: at terms[1]: cannot compare null with string_set",
+        "filter.terms[1]",
+    ),
+    (
+        {"year": {"$in": [1, {"$eq": 2}]}},
+        "bad_operand: at year.$in[1]: an object is not a value",
+        "filter.year.$in[1]",
+    ),
+    # Integers beyond 64 bits cannot be sent as JSON by the driver: 3007 at their path, before SQL.
+    ({"level": 10**30}, "bad_operand: at level: the integer does not fit in 64 bits", "filter.level"),
+    (
+        {"$or": [{"status": "a"}, {"year": -(2**63) - 1}]},
+        "bad_operand: at $or[1].year: the integer does not fit in 64 bits",
+        "filter.$or[1].year",
+    ),
+    (
+        {"year": {"$in": [1, 2**64]}},
+        "bad_operand: at year.$in[1]: the integer does not fit in 64 bits",
+        "filter.year.$in[1]",
+    ),
+    (
+        {"status": {"$in": {1, 2}}},
+        "bad_operand: at $: not serialisable as JSON: Type is not JSON serializable: set",
+        "filter",
+    ),
 ]
 
 
@@ -292,6 +408,25 @@ def test_limits_are_inclusive(conn: psycopg.Connection[Any]) -> None:
     validate_filter(conn, source, NOT_15)
     validate_filter(conn, source, {"op": "or", "args": [EQ] * 255})
     validate_filter(conn, source, {"year": {"$in": list(range(1000))}})
+    validate_filter(conn, source, {"$or": [{"year": {"$in": list(range(1000))}}] * 10})
+    validate_filter(conn, source, {"status": "x" * (1048576 - 22)})  # 1,048,576 bytes as jsonb
+    # The integers the driver can send (orjson's range); the compiler compares them as numbers.
+    for big in (2**64 - 1, -(2**63)):
+        validate_filter(conn, source, {"year": big, "score": {"$in": [big]}})
+
+
+def test_integer_beyond_64_bits_is_reported_with_the_path_prefix(conn: psycopg.Connection[Any]) -> None:
+    source = create_document_source(conn, "t", embedding_model="m", embedding_dim=3, fields=FIELDS)
+    with pytest.raises(InvalidParamValue) as info:
+        compile_filter(
+            conn, source, {"bool": {"must": [{"term": 10**20, "field": "year"}]}}, REF, "queries[0].filter"
+        )
+    assert (info.value.code, info.value.path) == (3007, "queries[0].filter.bool.must[0].term")
+    assert (
+        info.value.message == "filter.bad_operand: at bool.must[0].term: the integer does not fit in 64 bits"
+    )
+    # As JSON text (Tryll's string filters) such a number is read as a float and compared as a number.
+    assert compile_filter(conn, source, '{"year": 100000000000000000000}', REF)[1] == [{"year": 1e20}]
 
 
 def test_error_path_prefix_and_sql_error_shape(conn: psycopg.Connection[Any]) -> None:
@@ -478,6 +613,118 @@ def test_random_filters_hit_a_meaningful_fraction_of_rows() -> None:
     collect()
     some = [f for f in fractions if 0 < f < 1]
     assert len(some) > len(fractions) / 3
+
+
+# The largest filter, and the cost of compiling -------------------------------------------------------------
+
+
+def _padded(pool: list[Any], filler: Callable[[int], Any], n: int = 1000) -> list[Any]:
+    """`pool` (values the rows hold) followed by fillers that match nothing, `n` items in all."""
+    return pool + [filler(i) for i in range(n - len(pool))]
+
+
+def largest_filter(*, extra_node: bool = False, extra_item: bool = False, extra_level: bool = False) -> Any:
+    """A filter at every limit at once, in the three syntaxes nested in each other: 256 nodes, 10,000 list
+    items, depth 16; each `extra_*` goes one over one limit."""
+    chain: dict[str, Any] = {
+        "op": "in",
+        "needle": {"knowledge": "year"},
+        "haystack": {"value": _padded([0, 2, 4, 6], lambda i: 1000 + i)},
+    }
+    for _ in range(15 if extra_level else 14):  # an even number keeps the leaf's sense; it sits at depth 16
+        chain = {"op": "not", "arg": chain}
+    lists: list[Any] = [  # 15 nodes, 9,000 items
+        {"terms": _padded(["alpha", "émile", 'say "hi"', ""], lambda i: f"none {i}"), "field": "status"},
+        {"ids": _padded(DOC_IDS[:40], lambda i: f"x{i}")},
+        {"tags": {"$in": _padded(["x'y"], lambda i: f"t{i}")}, "score": {"$nin": _padded([0.25], float)}},
+        {
+            "bool": {
+                "must": [
+                    {"created": {"$in": _padded(TIMESTAMPS[:3], lambda i: f"2019-01-01T00:00:{i % 60:02d}Z")}}
+                ],
+                "must_not": {"lang": {"$in": _padded(["fr"], lambda i: f"l{i}")}},
+            }
+        },
+        {"op": "in", "needle": {"knowledge": "rank"}, "haystack": {"value": _padded([7], lambda i: -1 - i)}},
+        {"colors": {"$nin": _padded(["red"], lambda i: f"c{i}")}},
+        {"published": {"$in": [True] * 1000}},
+    ]
+    fillers: list[Any] = [{"term": 1000 + i, "field": "year"} for i in range(224 + extra_node)]
+    if extra_item:
+        fillers[7] = {"terms": ["one more"], "field": "status"}
+    # root, chain (15), disjuncts (1), lists (15), fillers (224): 256 nodes
+    return {"op": "and", "args": [chain, {"disjuncts": lists + fillers}]}
+
+
+def test_the_largest_filter_compiles_and_matches_the_oracle(
+    docs: tuple[Source, dict[str, dict[str, Any]]], conn: psycopg.Connection[Any]
+) -> None:
+    source, rows = docs
+    filter = largest_filter()
+    predicate, params = compile_filter(conn, source, filter, REF)
+    want = expected(rows, filter)
+    assert 0 < len(want) < len(rows)
+    assert rows_matching(conn, "agentdb_docs.t", "doc_id", predicate, params) == want
+    # It is at every limit: one more node, list item or level is rejected.
+    for over, kind, path in (
+        ({"extra_node": True}, "too_many_nodes", "filter.args[1].disjuncts[231]"),
+        ({"extra_item": True}, "too_many_values", "filter.args[1].disjuncts[14].terms"),
+        ({"extra_level": True}, "too_deep", "filter.args[0]" + ".arg" * 15),
+    ):
+        with pytest.raises(InvalidParamValue) as info:
+            validate_filter(conn, source, largest_filter(**over))
+        assert info.value.message.startswith(f"filter.{kind}: "), info.value.message
+        assert info.value.path == path
+
+
+def _plpgsql_calls(conn: psycopg.Connection[Any], filter: Any) -> int:
+    """The PL/pgSQL function calls one compile makes (deterministic, unlike time): counted by the statistics
+    collector within one transaction, before and after."""
+    count = "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions where schemaname = 'agentdb'"
+    with conn.transaction():
+        conn.execute("set local track_functions = 'pl'")
+        before = conn.execute(count).fetchone()
+        conn.execute(
+            "select * from agentdb.compile_filter(%s, %s, '$1', 'c.doc_id')",
+            (Jsonb(FIELD_DICTS), Jsonb(filter)),
+        ).fetchone()
+        after = conn.execute(count).fetchone()
+    assert before is not None and after is not None
+    return int(after[0] - before[0])
+
+
+def test_compile_work_is_linear(conn: psycopg.Connection[Any]) -> None:
+    """A deterministic stand-in for time: value lists of every type cost no function call per item, and each
+    node costs the same number of calls however many there are. (Copying is the other way to go quadratic;
+    bench/filter_compile.py times the largest filters and the growth curves.)"""
+    if conn.execute("select rolsuper from pg_roles where rolname = current_user").fetchone() != (True,):
+        pytest.skip("track_functions needs a superuser")
+
+    def lists(n: int) -> dict[str, Any]:
+        return {
+            "year": {"$in": list(range(n))},
+            "status": {"$nin": [f"s{i}" for i in range(n)]},
+            "created": {"$in": [f"2020-01-01T00:00:{i % 60:02d}Z" for i in range(n)]},
+            "tags": {"$in": [f"t{i}" for i in range(n)]},
+            "published": {"$in": [i % 2 == 0 for i in range(n)]},
+            "rank": {"$in": list(range(5, 5 + n))},
+            "$or": [{"ids": [f"d{i}" for i in range(n)]}, {"terms": list(range(n)), "field": "score"}],
+        }
+
+    assert _plpgsql_calls(conn, lists(1000)) == _plpgsql_calls(conn, lists(1))
+
+    def nodes(n: int) -> dict[str, Any]:
+        return {
+            "$and": [
+                {"op": "or", "args": [EQ] * n},
+                {"disjuncts": [{"term": "a", "field": "status"}] * n},
+                {"$or": [{"year": {"$gt": 1}}] * n},
+            ]
+        }
+
+    calls = [_plpgsql_calls(conn, nodes(n)) for n in (5, 10, 20, 40)]
+    steps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert steps == [steps[0], 2 * steps[0], 4 * steps[0]], calls
 
 
 def test_equality_and_in_can_use_the_gin_index(conn: psycopg.Connection[Any]) -> None:
@@ -728,6 +975,36 @@ def test_hostile_values_match_nothing_and_break_nothing(
             assert value not in predicate or value in REF
             assert rows_matching(conn, "agentdb_docs.t", "doc_id", predicate, params) == set(), filter
     assert conn.execute("select count(*) from agentdb.sources").fetchone() == (1,)
+
+
+def test_fields_named_like_query_keys(conn: psycopg.Connection[Any]) -> None:
+    """A key that is also a field name is a field (operator syntax), unless another query key is present."""
+    fields = [
+        {"name": "filter", "type": "string", "filterable": True, "column": None},
+        {"name": "must", "type": "int", "filterable": True, "column": None},
+    ]
+    conn.execute("create table named (doc_id text, metadata jsonb not null)")
+    conn.execute(
+        "insert into named values ('a', %s), ('b', %s)",
+        (Jsonb({"filter": "x", "must": 1}), Jsonb({"filter": "y", "must": 2})),
+    )
+
+    def run(filter: Any) -> set[str]:
+        row = conn.execute(
+            "select predicate, params from agentdb.compile_filter(%s, %s, %s, 'c.doc_id')",
+            (Jsonb(fields), Jsonb(filter), REF),
+        ).fetchone()
+        assert row is not None
+        return rows_matching(conn, "named", "doc_id", row[0], row[1])
+
+    assert run({"filter": "x"}) == {"a"}
+    assert run({"must": {"$gt": 1}, "filter": {"$ne": "z"}}) == {"b"}
+    assert run({"term": "y", "field": "filter"}) == {"b"}
+    assert run({"bool": {"must": {"must": 1}}}) == {"a"}
+    with pytest.raises(psycopg.Error) as info:
+        run({"filter": "x", "nope": 1})  # an operator object: the unknown key is an unknown field
+    assert info.value.diag.message_primary == 'filter.unknown_field: at nope: unknown field "nope"'
+    conn.rollback()
 
 
 def test_hostile_names_in_the_schema_are_quoted(conn: psycopg.Connection[Any]) -> None:
