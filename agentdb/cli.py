@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import signal
 import sys
 import threading
@@ -18,7 +19,7 @@ import orjson
 import psycopg
 
 from agentdb.config import Settings
-from agentdb.errors import AgentDBError, InvalidParamValue
+from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error, is_outage
 
 log = logging.getLogger("agentdb")
 
@@ -36,15 +37,20 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 @contextmanager
-def _connect(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection to an up-to-date database (migrations are applied if needed)."""
+def _connect(args: argparse.Namespace, *, migrate_schema: bool = False) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to an up-to-date database. Only the commands that write (ingest, register,
+    demo, pack import; start and serve do it themselves) apply migrations; the others check that the schema
+    is current and say what to run when it is not."""
     from agentdb.db import resolve_url
-    from agentdb.db.migrate import migrate
+    from agentdb.db.migrate import migrate, require_current
     from agentdb.db.pool import configure
 
     url = resolve_url(_settings(args))
     with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
+        if migrate_schema:
+            migrate(conn)
+        else:
+            require_current(conn)
         configure(conn)
         yield conn
 
@@ -146,8 +152,7 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 def _source_lines(url: str) -> list[dict[str, Any]]:
     """The sources of the database at `url` with their counts ([] before the first migration)."""
-    from agentdb.api.app import source_counts
-    from agentdb.sources import list_sources
+    from agentdb.sources import list_sources, source_counts
 
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         if conn.execute("select to_regclass('agentdb.sources')").fetchone() == (None,):
@@ -230,13 +235,23 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
-    from agentdb.api.app import source_counts
-    from agentdb.sources import list_sources
+    from agentdb.sources import list_sources, pending_embeddings, source_counts
 
     with _connect(args) as conn:
         found = list_sources(conn)
         if args.json:
-            print(orjson.dumps([{**s.model_dump(), **source_counts(conn, s)} for s in found]).decode())
+            print(
+                orjson.dumps(
+                    [
+                        {
+                            **s.model_dump(),
+                            **source_counts(conn, s),
+                            "pending_embeddings": pending_embeddings(conn, s) if s.kind == "table" else 0,
+                        }
+                        for s in found
+                    ]
+                ).decode()
+            )
             return
         if not found:
             print("no sources yet: `agentdb ingest NAME FILE...` creates one")
@@ -245,10 +260,23 @@ def cmd_sources(args: argparse.Namespace) -> None:
         for s in found:
             counts = source_counts(conn, s)
             fields = ", ".join(f"{f.name}:{f.type}" for f in s.fields)
+            pending = pending_embeddings(conn, s) if s.kind == "table" else 0
+            waiting = f"; {pending} rows wait for their embedding" if pending else ""
             print(
                 f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
-                f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}"
+                f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}{waiting}"
             )
+
+
+def _field_types(specs: list[str]) -> dict[str, str]:
+    """`--field price:float` options as {column: type}."""
+    types = {}
+    for i, spec in enumerate(specs):
+        name, _, kind = spec.partition(":")
+        if not name or not kind:
+            raise InvalidParamValue(f"--field takes NAME:TYPE, not {spec!r}", path=f"field[{i}]")
+        types[name] = kind
+    return types
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
@@ -265,11 +293,13 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         exclude=tuple(args.exclude_field or ()),
     )
 
+    types = _field_types(args.field or [])
+
     def records() -> Iterator[Any]:
         for name in args.files:
-            yield from read_records(Path(name))
+            yield from read_records(Path(name), types)
 
-    with _connect(args) as conn:
+    with _connect(args, migrate_schema=True) as conn:
         report = ingest(
             conn,
             args.source,
@@ -292,7 +322,7 @@ def cmd_register(args: argparse.Namespace) -> None:
     from agentdb.sources import register_table
 
     embedder = load_embedder(_settings(args).embedding_model)
-    with _connect(args) as conn:
+    with _connect(args, migrate_schema=True) as conn:
         source = register_table(
             conn,
             resolve_url(_settings(args)),
@@ -340,16 +370,20 @@ def cmd_search(args: argparse.Namespace) -> None:
             ).decode()
         )
         return
+    counts = result.diagnostics.get("parameters", {})
     if not result.hits:
-        counts = result.diagnostics.get("parameters", {})
-        print(
-            f"not found (raw {counts.get('raw_result_count')}, removed by threshold {counts.get('filtered_count')})"
-        )
+        print(f"not found (raw {counts.get('raw_result_count')} candidates)")
     for h in result.hits:
         dist = "-" if h.distance is None else f"{h.distance:.3f}"
         bm25 = "-" if h.bm25_score is None else f"{h.bm25_score:.2f}"
         text = " ".join((h.text or "").split())[:100]
-        print(f"{h.rank:>3}. {h.id} #{h.chunk}  score {h.score:.4f}  distance {dist}  bm25 {bm25}  {text}")
+        print(f"{h.rank:>3}. {h.title or '(untitled)'}  [{h.id} #{h.chunk}]")
+        print(f"     score {h.score:.4f}  distance {dist}  bm25 {bm25}  {text}")
+    if counts.get("filtered_count"):
+        print(
+            f"({counts['filtered_count']} dense candidates were beyond --threshold {args.threshold} and left out;"
+            " --threshold 0 keeps them)"
+        )
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -494,7 +528,7 @@ def cmd_pack_export(args: argparse.Namespace) -> None:
 def cmd_pack_import(args: argparse.Namespace) -> None:
     from agentdb.pack import import_pack
 
-    with _connect(args) as conn:
+    with _connect(args, migrate_schema=True) as conn:
         report = import_pack(
             conn,
             Path(args.file),
@@ -509,7 +543,7 @@ def cmd_pack_import(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from agentdb.sources import list_sources
 
-    with _connect(args) as conn:
+    with _connect(args, migrate_schema=True) as conn:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
         elif DEMO_PACK.exists():
@@ -612,6 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-field", action="append", help="ignore this key (repeatable)")
     p.add_argument("--chunk-size", type=int, default=256, help="chunk size in embedder tokens (new sources)")
     p.add_argument("--chunk-overlap", type=int, default=32, help="chunk overlap in tokens (new sources)")
+    p.add_argument(
+        "--field",
+        action="append",
+        metavar="NAME:TYPE",
+        help="the type of a CSV column (int, float, bool, timestamp, string) instead of inferring it; repeatable",
+    )
     p.add_argument("--skip-bad", action="store_true", help="report and skip bad rows instead of aborting")
     p.add_argument("--no-progress", action="store_true")
 
@@ -726,15 +766,26 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"; hint: {exc.hint}" if exc.hint else ""
         print(f"agentdb: error {exc.code} {exc.name}: {exc.message}{where}{hint}", file=sys.stderr)
         return 2
-    except psycopg.OperationalError as exc:
-        print(
-            f"agentdb: error: cannot reach the database: {str(exc).strip().splitlines()[0]}; "
-            "check DATABASE_URL or --data-dir",
-            file=sys.stderr,
-        )
+    except psycopg.Error as exc:
+        mapped = from_db_error(exc)
+        if mapped is not None:
+            print(f"agentdb: error {mapped.code} {mapped.name}: {mapped.message}", file=sys.stderr)
+        elif is_outage(exc):
+            print(
+                f"agentdb: error: cannot reach the database: {str(exc).strip().splitlines()[0]}; "
+                "check DATABASE_URL or --data-dir",
+                file=sys.stderr,
+            )
+        else:
+            print(f"agentdb: error: the database refused the command: {str(exc).strip()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`agentdb sources | head`): stop quietly, as other command-line tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     return 0
 
 

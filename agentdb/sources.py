@@ -481,3 +481,12 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
                 ).format(source.table)
             )
         conn.execute("delete from agentdb.sources where id = %s", (source.id,))
+
+
+def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, int]:
+    """How many documents and chunks a source holds (as the connection's role may see them)."""
+    column = "doc_id" if source.kind == "documents" else source.id_column
+    row = conn.execute(
+        sql.SQL("select count(distinct {}), count(*) from {}").format(sql.Identifier(column), source.table)
+    ).fetchone()
+    return {"documents": int(row[0]), "chunks": int(row[1])} if row else {"documents": 0, "chunks": 0}

@@ -200,8 +200,8 @@ def test_db_url_gives_psql_a_working_url(embedded_dir: Path) -> None:
     result = run(["db-url", "--data-dir", data_dir], None)
     url = result.stdout.strip()
     assert "agentdb stop" in result.stderr
-    run(["sources", "--data-dir", data_dir], None)
     run(["migrate", "--data-dir", data_dir], None)
+    run(["sources", "--data-dir", data_dir], None)
     with psycopg.connect(url) as conn:
         assert conn.execute("select current_database()").fetchone() == ("agentdb",)
     psql = subprocess.run(["psql", url, "-Atc", "select 1"], capture_output=True, text=True, timeout=60)
@@ -480,3 +480,55 @@ def test_demo_loads_the_manual_and_the_readme_sql_works(db_url: str) -> Any:
             "/agents/retrieval", json=request, headers={"Authorization": f"Bearer {key}"}
         ).json()["hits"]
         assert hits and all(h["_source"]["kind"] != "page" for h in hits)
+
+
+def test_read_commands_check_the_schema_instead_of_migrating(
+    server_url: str, db_url: str, corpus: Path
+) -> None:
+    """Only the commands that write migrate; the others say what to run (a read-only role can use them)."""
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute("drop database if exists agentdb_cli_empty")
+        admin.execute("create database agentdb_cli_empty")
+    empty = make_conninfo(server_url, dbname="agentdb_cli_empty")
+    for command in (["sources"], ["search", "notes", "x"], ["principal", "list"]):
+        refused = run(command, empty, check=False)
+        assert refused.returncode == 2 and "run `agentdb migrate`" in refused.stderr, refused.stderr
+    with psycopg.connect(empty) as conn:
+        assert conn.execute("select to_regnamespace('agentdb')").fetchone() == (None,)  # nothing was created
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("update agentdb.schema_functions set digest = 'an older agentdb'")
+    stale = run(["sources"], db_url, check=False)
+    assert stale.returncode == 2 and "stored functions" in stale.stderr
+    run(["migrate"], db_url)
+    assert run(["sources"], db_url).returncode == 0
+
+
+def test_a_closed_pipe_ends_the_command_quietly(db_url: str, monkeypatch: Any, capsys: Any) -> None:
+    from agentdb.cli import main
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head` that has already exited
+    with open(write_end, "w", buffering=1) as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert main(["sources"]) == 141
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_search_shows_titles_and_what_the_threshold_left_out(db_url: str, corpus: Path) -> None:
+    run(["ingest", "notes", str(corpus), "--no-progress"], db_url)
+    out = run(
+        ["search", "notes", "vacuum dead tuples", "--mode", "dense", "--threshold", "0.5"], db_url
+    ).stdout
+    assert "Vacuum  [d2 #0]" in out
+    assert "dense candidates were beyond --threshold 0.5 and left out" in out
+
+
+def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "codes.csv"
+    path.write_text("id,title,text,code\n1,A,one,007\n2,B,two,042\n")
+    run(["ingest", "codes", str(path), "--field", "code:string", "--no-progress"], db_url)
+    listed = orjson.loads(run(["sources", "--json"], db_url).stdout)
+    assert listed[0]["fields"][0]["name"] == "code" and listed[0]["fields"][0]["type"] == "string"
+    bad = run(["ingest", "codes", str(path), "--field", "code"], db_url, check=False)
+    assert bad.returncode == 2 and "NAME:TYPE" in bad.stderr

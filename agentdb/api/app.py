@@ -15,7 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,7 +38,7 @@ from agentdb.errors import (
     is_outage,
 )
 from agentdb.ingest.embed_worker import EmbeddingWorker
-from agentdb.sources import FieldSpec, Source, get_source, list_sources, pending_embeddings
+from agentdb.sources import FieldSpec, Source, get_source, list_sources, pending_embeddings, source_counts
 
 log = logging.getLogger(__name__)
 
@@ -243,12 +242,3 @@ def source_out(conn: psycopg.Connection[Any], s: Source, pending: int | None = N
         ts_config=s.ts_config,
         **source_counts(conn, s),
     )
-
-
-def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, int]:
-    """How many documents and chunks a source holds."""
-    column = "doc_id" if source.kind == "documents" else source.id_column
-    row = conn.execute(
-        sql.SQL("select count(distinct {}), count(*) from {}").format(sql.Identifier(column), source.table)
-    ).fetchone()
-    return {"documents": int(row[0]), "chunks": int(row[1])} if row else {"documents": 0, "chunks": 0}

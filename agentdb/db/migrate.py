@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 import psycopg
 
 from agentdb.db.pool import check_connection
+from agentdb.errors import DatabaseSetupError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,11 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 " version int primary key, name text not null,"
                 " applied_at timestamptz not null default now())"
             )
+            conn.execute(
+                "create table if not exists agentdb.schema_functions ("
+                " singleton boolean primary key default true check (singleton), digest text not null,"
+                " applied_at timestamptz not null default now())"
+            )
         done = {row[0] for row in conn.execute("select version from agentdb.schema_migrations")}
         applied = []
         for migration in discover():
@@ -74,6 +81,35 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         with conn.transaction():
             for path in sorted(FUNCTIONS_DIR.glob("*.sql")):
                 conn.execute(path.read_text())
+            conn.execute(
+                "insert into agentdb.schema_functions (digest) values (%s)"
+                " on conflict (singleton) do update set digest = excluded.digest, applied_at = now()",
+                (functions_digest(),),
+            )
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def functions_digest(directory: Path = FUNCTIONS_DIR) -> str:
+    """A digest of the stored functions' source (sql/*.sql), recorded by `migrate`."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.glob("*.sql")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def require_current(conn: psycopg.Connection[Any]) -> None:
+    """DatabaseSetupError unless every migration and the current stored functions are applied: commands
+    that only read or manage principals do not change the schema (a read-only role can run them, and they
+    never wait behind a migration lock); they say what to run instead."""
+    hint = "run `agentdb migrate` (with a role that may change the schema), then retry"
+    if conn.execute("select to_regclass('agentdb.schema_functions')").fetchone() == (None,):
+        raise DatabaseSetupError("the database has no agentdb schema yet, or an older one", hint=hint)
+    done = {row[0] for row in conn.execute("select version from agentdb.schema_migrations")}
+    missing = [f"{m.version:04d}_{m.name}" for m in discover() if m.version not in done]
+    if missing:
+        raise DatabaseSetupError(f"the database lacks migrations {', '.join(missing)}", hint=hint)
+    row = conn.execute("select digest from agentdb.schema_functions").fetchone()
+    if row is None or row[0] != functions_digest():
+        raise DatabaseSetupError("the database's stored functions are not this agentdb's", hint=hint)

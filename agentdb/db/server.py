@@ -54,8 +54,13 @@ def start_embedded(
     """
     pgserver = _pgserver()
     data_dir = data_dir.expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pg"
+    if not pgdata.is_dir():
+        # Said aloud: a command run from an unexpected directory would otherwise quietly use an empty database.
+        log.warning(
+            "creating a new agentdb database in %s (none was found here or in a parent directory)", data_dir
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
     forget_dead_handles(pgdata / HANDLES_FILE)
     _wait_for_shutdown(data_dir, shutdown_wait)
     changed = write_tuning(pgdata)  # before a start, so that shared_buffers applies to it
