@@ -15,6 +15,8 @@ answers the question, and retrieve deeper while it says no, within hard budgets.
   * The loop also stops, without a judge call, when the pool is full, and when a round returned fewer hits
     than asked (the source has nothing more; `retrieve_round(k)` must return min(k, available) hits).
   * At most `max_iters` rounds, so at most `max_iters - 1` judge rounds.
+  * Every judge call is counted (`judge_calls`), and so is every tool call the judge made (`tool_calls`: a
+    call that answered in plain text made none); the agent reports the sum as `tool_calls_made`.
 Retrieved text reaches the judge inside the same `<documents>` delimiters as generation, labelled as data.
 """
 
@@ -23,15 +25,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentdb.errors import InferenceFailed, InvalidParamValue, parse_params
 from agentdb.generation import DOCUMENTS_TEMPLATE, render
 from agentdb.llm import Completion, GeneratorSpec, Message, Model, ToolSpec, Usage
+from agentdb.retrieval import Hit
 
-H = TypeVar("H")
 Stopped = Literal["sufficient", "max_iters", "max_chunks", "exhausted", "unusable_verdict"]
 
 JUDGE_TOOL = ToolSpec(
@@ -90,6 +92,7 @@ class RoundSummary:
     pool_size: int
     verdict: dict[str, Any] | None = None  # {sufficient, top_k, reason} as the judge gave it
     judge_calls: int = 0
+    tool_calls: int = 0  # the judge's tool calls (usable or not); a reply in plain text makes none
     next_top_k: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -98,20 +101,33 @@ class RoundSummary:
 
 
 @dataclass(frozen=True)
-class DeepeningResult(Generic[H]):
-    hits: list[H]
+class DeepeningResult:
+    hits: list[Hit]
     rounds: list[RoundSummary]
     usage: Usage
     stopped: Stopped
 
+    @property
+    def tool_calls(self) -> int:
+        """The judge's tool calls over every round."""
+        return sum(r.tool_calls for r in self.rounds)
 
-def hit_key(hit: Any) -> tuple[str, int]:
-    """(id, chunk) of a retrieval Hit, its JSON, or an agent `_id`/`_chunk` hit."""
-    if isinstance(hit, Mapping):
-        doc = hit["id"] if "id" in hit else hit.get("_id")
-        chunk = hit["chunk"] if "chunk" in hit else hit.get("_chunk", 0)
-        return str(doc), int(chunk or 0)
-    return str(hit.id), int(getattr(hit, "chunk", 0) or 0)
+
+@dataclass(frozen=True)
+class Judgement:
+    """The outcome of `judge`: the verdict (None when no usable one came), the model calls and tool calls
+    it took, their usage, and the last problem with an unusable verdict."""
+
+    verdict: dict[str, Any] | None
+    calls: int
+    tool_calls: int
+    usage: Usage
+    problem: str | None = None
+
+
+def hit_key(hit: Hit) -> tuple[str, int]:
+    """The pool's identity of a hit: (document id, chunk position)."""
+    return hit.id, hit.chunk
 
 
 def parse_verdict(completion: Completion) -> tuple[dict[str, Any] | None, str | None]:
@@ -137,7 +153,7 @@ def parse_verdict(completion: Completion) -> tuple[dict[str, Any] | None, str | 
     return {"sufficient": data["sufficient"], "top_k": data["top_k"], "reason": data["reason"]}, None
 
 
-def _judge_prompt(query: str, pool: Sequence[Any], source: str, max_chunks: int) -> str:
+def _judge_prompt(query: str, pool: Sequence[Hit], source: str, max_chunks: int) -> str:
     documents = render(DOCUMENTS_TEMPLATE, {source: pool}, query=query)
     return (
         f"Question: {query}\n\n{documents}\n"
@@ -150,7 +166,7 @@ def _judge_prompt(query: str, pool: Sequence[Any], source: str, max_chunks: int)
 def judge(
     model: Model,
     query: str,
-    pool: Sequence[Any],
+    pool: Sequence[Hit],
     *,
     source: str = "retrieval",
     max_chunks: int,
@@ -158,12 +174,12 @@ def judge(
     max_tokens: int = 512,
     timeout: float | None = None,
     cancel: threading.Event | None = None,
-) -> tuple[dict[str, Any] | None, int, Usage, str | None]:
-    """Ask for a verdict on `pool`, retrying unusable ones with feedback: (verdict or None, calls made, usage,
-    the last problem)."""
+) -> Judgement:
+    """Ask for a verdict on `pool`, retrying unusable ones with feedback, at most `trials` calls."""
     messages = [Message.user(_judge_prompt(query, pool, source, max_chunks))]
     usage = Usage()
     problem = None
+    tool_calls = 0
     for attempt in range(1, trials + 1):
         completion = model.complete(
             messages,
@@ -175,9 +191,10 @@ def judge(
             cancel=cancel,
         )
         usage = usage + completion.usage
+        tool_calls += len(completion.tool_calls)
         verdict, problem = parse_verdict(completion)
         if verdict is not None:
-            return verdict, attempt, usage, None
+            return Judgement(verdict, attempt, tool_calls, usage)
         feedback = (
             f"That verdict is unusable: {problem}. Call {JUDGE_TOOL.name} again with sufficient (boolean), "
             "top_k (integer >= 0) and reason (string)."
@@ -193,11 +210,11 @@ def judge(
             messages.append(Message("user", blocks))
         else:
             messages.append(Message.user(feedback))
-    return None, trials, usage, problem
+    return Judgement(None, trials, tool_calls, usage, problem)
 
 
 def deepen(
-    retrieve_round: Callable[[int], Sequence[H]],
+    retrieve_round: Callable[[int], Sequence[Hit]],
     judge_model: Model,
     query: str,
     *,
@@ -210,7 +227,7 @@ def deepen(
     timeout: float | None = None,
     cancel: threading.Event | None = None,
     on_round: Callable[[RoundSummary], None] | None = None,
-) -> DeepeningResult[H]:
+) -> DeepeningResult:
     """Deepen `retrieve_round` (k -> the top-k hits for `query`) under `judge_model`'s verdicts; see the
     module docstring. `on_round` sees each round's summary as soon as it is complete."""
     for name, value in (
@@ -221,7 +238,7 @@ def deepen(
     ):
         if value < 1:
             raise InvalidParamValue(f"{name} must be at least 1", path=f"deepening.{name}")
-    pool: list[H] = []
+    pool: list[Hit] = []
     keys: set[tuple[str, int]] = set()
     rounds: list[RoundSummary] = []
     usage = Usage()
@@ -261,7 +278,7 @@ def deepen(
                 f"the source returned {len(hits)} < {k} hits, so a deeper round adds nothing: not judged"
             )
         else:
-            verdict, calls, spent, problem = judge(
+            judgement = judge(
                 judge_model,
                 query,
                 pool,
@@ -272,12 +289,13 @@ def deepen(
                 timeout=timeout,
                 cancel=cancel,
             )
-            usage = usage + spent
-            summary.update(verdict=verdict, judge_calls=calls)
+            usage = usage + judgement.usage
+            verdict = judgement.verdict
+            summary.update(verdict=verdict, judge_calls=judgement.calls, tool_calls=judgement.tool_calls)
             if verdict is None:
                 stopped = "unusable_verdict"
                 summary["notes"].append(
-                    f"no usable verdict in {calls} trial(s) ({problem}): stopped with the pool"
+                    f"no usable verdict in {judgement.calls} trial(s) ({judgement.problem}): stopped with the pool"
                 )
             elif verdict["sufficient"]:
                 stopped = "sufficient"
@@ -305,6 +323,7 @@ __all__ = [
     "JUDGE_TOOL",
     "DeepeningOptions",
     "DeepeningResult",
+    "Judgement",
     "RoundSummary",
     "deepen",
     "hit_key",

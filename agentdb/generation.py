@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentdb.errors import InvalidParamValue, parse_params
 from agentdb.llm import DEFAULT_MAX_TOKENS, GeneratorSpec, Message, Model, TextCallback, Usage
+from agentdb.retrieval import Hit
 
 Placement = Literal["before_user_as_system", "before_user_as_user", "after_user", "in_place"]
 PLACEMENTS: tuple[Placement, ...] = ("before_user_as_system", "before_user_as_user", "after_user", "in_place")
@@ -124,30 +125,11 @@ def _tokens(template: str) -> list[tuple[str, str]]:
     return [("no escape", key) if tag == "variable" else (tag, key) for tag, key in tokenize(template)]
 
 
-def _field(hit: Any, name: str) -> Any:
-    if isinstance(hit, Mapping):
-        if name in hit:
-            return hit[name]
-        source = hit.get("_source") or {}
-        scores = hit.get("_index_scores") or {}
-        fallback = {
-            "id": hit.get("_id"),
-            "chunk": hit.get("_chunk"),
-            "score": hit.get("_score"),
-            "title": source.get("title"),
-            "text": source.get("text"),
-            "distance": scores.get("distance"),
-        }
-        return fallback.get(name)
-    return getattr(hit, name, None)
-
-
 def knowledge_context(
-    knowledge: Mapping[str, Sequence[Any]], *, query: str = "", template: str = DEFAULT_TEMPLATE
+    knowledge: Mapping[str, Sequence[Hit]], *, query: str = "", template: str = DEFAULT_TEMPLATE
 ) -> dict[str, Any]:
-    """The Mustache context for `knowledge` (source name -> hits in rank order; hits are retrieval Hits,
-    expanded hits, their JSON, or the agent's `_id`/`_source` hits), with the data neutralised against the
-    template's tags."""
+    """The Mustache context for `knowledge` (source name -> hits in rank order), with the data neutralised
+    against the template's tags."""
     pattern = neutraliser(template_tags(template))
 
     def clean(value: Any) -> Any:
@@ -158,13 +140,13 @@ def knowledge_context(
     for name, hits in knowledge.items():
         chunks = [
             {
-                "id": neutralise_name(str(_field(h, "id")), pattern),
-                "chunk": _field(h, "chunk"),
-                "title": clean(_field(h, "title")),
-                "has_title": bool(_field(h, "title")),
-                "text": clean(_field(h, "text") or ""),
-                "distance": _field(h, "distance"),
-                "score": _field(h, "score"),
+                "id": neutralise_name(h.id, pattern),
+                "chunk": h.chunk,
+                "title": clean(h.title),
+                "has_title": bool(h.title),
+                "text": clean(h.text or ""),
+                "distance": h.distance,
+                "score": h.score,
             }
             for h in hits
         ]
@@ -185,7 +167,7 @@ def render_context(template: str, context: Mapping[str, Any]) -> str:
     )
 
 
-def render(template: str | None, knowledge: Mapping[str, Sequence[Any]], *, query: str = "") -> str:
+def render(template: str | None, knowledge: Mapping[str, Sequence[Hit]], *, query: str = "") -> str:
     """Render the knowledge block with `template` (None = DEFAULT_TEMPLATE)."""
     template = DEFAULT_TEMPLATE if template is None else template
     return render_context(template, knowledge_context(knowledge, query=query, template=template))
@@ -287,7 +269,7 @@ def citations(text: str, known_ids: Sequence[str]) -> list[str]:
 def generate(
     model: Model,
     query: str,
-    knowledge: Mapping[str, Sequence[Any]],
+    knowledge: Mapping[str, Sequence[Hit]],
     *,
     system_prompt: str | None = None,
     template: str | None = None,
@@ -304,7 +286,7 @@ def generate(
     completion = model.complete(
         messages, system=system, max_tokens=max_tokens, timeout=timeout, cancel=cancel, on_text=on_text
     )
-    ids = [str(_field(h, "id")) for hits in knowledge.values() for h in hits]
+    ids = [h.id for hits in knowledge.values() for h in hits]
     # The model cites the ids it saw, which are the neutralised ones: map them back.
     pattern = neutraliser(template_tags(DEFAULT_TEMPLATE if template is None else template))
     seen = {neutralise_name(i, pattern): i for i in ids}

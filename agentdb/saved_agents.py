@@ -7,19 +7,32 @@ Names are unique per owner: every lookup is by (owner, name), so another princip
 as one that does not exist, and a name collision (409) can only be with one's own agent. Creating,
 changing and running an agent need the `search` tool and a grant on its source, and its filter is checked
 against the caller's field grant at each of these steps (authorize), so a stored filter can never read a
-field the caller could not filter on directly."""
+field the caller could not filter on directly.
+
+Running an agent is a POST /agents/retrieval request built from its parameters (`retrieval_request`), run
+through the same pipeline and answered in the same shape (`run_agent`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentdb.agent import MAX_QUERY_CHARS
+from agentdb.agent import MAX_QUERY_CHARS, RetrievalRequest, RetrievalResponse, respond, run, validate
 from agentdb.auth import Principal, check_filter, check_table, check_tool
-from agentdb.errors import Conflict, InvalidAgentId, InvalidParamValue, ParamNotMutable, parse_params
+from agentdb.config import Settings
+from agentdb.errors import (
+    AgentDBError,
+    Conflict,
+    InvalidAgentId,
+    InvalidParamValue,
+    ParamNotMutable,
+    parse_params,
+)
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
 from agentdb.sources import Source, get_source
@@ -156,3 +169,65 @@ def delete_agent(conn: psycopg.Connection[Any], owner: Principal | None, name: s
     ).fetchone()
     if gone is None:
         raise InvalidAgentId(f"unknown agent {name!r}", path="name")
+
+
+def retrieval_request(agent: SavedAgent, text: str, *, diagnostics: bool = False) -> RetrievalRequest:
+    """The POST /agents/retrieval request that running `agent` on `text` is: one query over its source with
+    its stored parameters (top_k is the limit), its generation step, and `text` as the query."""
+    query: dict[str, Any] = {
+        "table": agent.source,
+        "retrieval_mode": agent.retrieval_mode,
+        "filter": agent.filter,
+        "limit": agent.top_k,
+        "threshold": agent.threshold,
+        "rrf_k": agent.rrf_k,
+    }
+    steps = None if agent.generation is None else {"generation": agent.generation}
+    return RetrievalRequest.model_validate(
+        {"query": text, "queries": [query], "diagnostics": diagnostics, "steps": steps}
+    )
+
+
+def agent_path(path: str) -> str:
+    """A path in the equivalent retrieval request, as the path of the saved agent's field it came from."""
+    path = path.removeprefix("queries[0].")
+    for request_path, own in (
+        ("table", "source"),
+        ("steps.generation", "generation"),
+        ("generator", "generation.generator"),
+        ("query", "input"),
+    ):
+        if path == request_path or path.startswith((request_path + ".", request_path + "[")):
+            return own + path[len(request_path) :]
+    return path
+
+
+@contextmanager
+def _agent_paths() -> Iterator[None]:
+    try:
+        yield
+    except AgentDBError as exc:
+        if exc.path:
+            exc.path = agent_path(exc.path)
+        raise
+
+
+def run_agent(
+    conn: psycopg.Connection[Any],
+    caller: Principal | None,
+    name: str,
+    text: str,
+    settings: Settings,
+    *,
+    diagnostics: bool = False,
+) -> RetrievalResponse:
+    """Run `caller`'s agent `name` on `text` (its own `input` when set wins, seed 001) through the retrieval
+    pipeline, under the running caller's grants: its tool and table grant and the stored filter against
+    its field grant are checked again now (authorize), and the pipeline reads with its field grant and row
+    filter in its database role."""
+    agent = get_agent(conn, caller, name)
+    authorize(conn, caller, agent.source, agent.filter)
+    request = retrieval_request(agent, agent.input or text, diagnostics=diagnostics)
+    with _agent_paths():
+        plan = validate(conn, request, caller, settings)
+        return respond(run(conn, request, caller, settings, plan=plan))

@@ -3,7 +3,8 @@ fake Messages API served over real HTTP on 127.0.0.1 (the only faked part is the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import orjson
@@ -11,8 +12,10 @@ import pytest
 from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool, serve
 from fastapi.testclient import TestClient
 
+from agentdb.agent.stream import stream_call
 from agentdb.api import create_app
 from agentdb.config import Settings
+from agentdb.errors import InferenceFailed
 
 DOCS = [
     {
@@ -115,6 +118,10 @@ def test_deepening_rounds_follow_the_judge(client: TestClient, fake: Any) -> Non
     assert [r["details"]["round"] for r in rounds] == [1, 2]
     assert rounds[0]["details"]["verdict"]["sufficient"] is False
     assert len(body["hits"]) <= 3 and body["usage"]["llm_calls"] == 1
+    # The judge's one tool call is counted, and every round's time is measured.
+    assert body["tool_calls_made"] == 1 and [r["details"]["tool_calls"] for r in rounds] == [1, 0]
+    assert all(r["duration_ms"] > 0 for r in rounds)
+    assert rounds[0]["duration_ms"] < body["steps"][-1]["duration_ms"]  # inside the query's own step
 
 
 def test_expand_window_merges_neighbour_chunks(db_url: str, embedder: Any) -> None:
@@ -187,4 +194,45 @@ def test_saved_agents_get_the_generation_step(client: TestClient, fake: Any) -> 
     run = client.post("/agents/answerer/run", json={"input": "restore backup WAL"}).json()
     assert run["generation"]["citations"] == ["restore"]
     assert run["usage"] == {"input_tokens": 50, "output_tokens": 6, "llm_calls": 1}
+    # The same pipeline as /agents/retrieval: its steps and its hit shape.
+    assert [s["kind"] for s in run["steps"]] == ["retrieval", "generation"]
+    assert run["hits"] and {h["_id"] for h in run["hits"]} <= {"backup", "restore", "lunch"}
+    assert all(h["_table"] == "runbooks" for h in run["hits"])
     assert api.requests[-1]["model"] == "claude-test-1"  # the rejected patch left the generator in place
+
+
+def test_the_streaming_bridge_forwards_deltas_returns_and_cancels() -> None:
+    def answer(cancel: threading.Event, on_text: Callable[[str], None]) -> str:
+        for piece in ("Re", "play"):
+            on_text(piece)
+        return "Replay"
+
+    def collect() -> Generator[tuple[str, str], None, None]:
+        result = yield from stream_call(answer, lambda delta: ("delta", delta))
+        yield "result", result
+
+    assert list(collect()) == [("delta", "Re"), ("delta", "play"), ("result", "Replay")]
+
+    def broken(cancel: threading.Event, on_text: Callable[[str], None]) -> str:
+        on_text("half")
+        raise InferenceFailed("the model went away")
+
+    events = stream_call(broken, str.upper)
+    assert next(events) == "HALF"
+    with pytest.raises(InferenceFailed):
+        next(events)
+
+    seen: list[threading.Event] = []
+    stopped = threading.Event()
+
+    def endless(cancel: threading.Event, on_text: Callable[[str], None]) -> str:
+        seen.append(cancel)
+        while not cancel.wait(0.01):
+            on_text("more ")
+        stopped.set()
+        return "cancelled"
+
+    client_side = stream_call(endless, str)
+    assert next(client_side) == "more "
+    client_side.close()  # the client went away: the model call is told to stop
+    assert seen[0].is_set() and stopped.wait(5)

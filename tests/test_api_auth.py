@@ -149,5 +149,5 @@ def test_no_hit_field_or_count_leaks(served: Any, words: list[str], mode: str, l
         headers=auth(keys["red"]),
     )
     run = client.post("/agents/ops-agent/run", json={"input": text}, headers=auth(keys["red"])).json()
-    assert {h["id"] for h in run["hits"]} <= allowed
-    assert all("secret" not in h["metadata"] for h in run["hits"])
+    assert {h["_id"] for h in run["hits"]} <= allowed
+    assert all("secret" not in h["_source"] for h in run["hits"])

@@ -67,8 +67,10 @@ def test_sufficient_after_the_first_round() -> None:
             pool_size=3,
             verdict={"sufficient": True, "top_k": 0, "reason": "enough"},
             judge_calls=1,
+            tool_calls=1,
         )
     ]
+    assert result.tool_calls == 1
 
 
 def test_insufficient_verdicts_size_the_next_rounds() -> None:
@@ -122,6 +124,8 @@ def test_unusable_verdicts_are_retried_with_feedback_up_to_the_trial_limit() -> 
     assert (
         only.verdict is None and only.judge_calls == 3 and "no usable verdict in 3 trial(s)" in only.notes[0]
     )
+    # The answer in plain text called no tool; the two malformed verdicts were tool calls.
+    assert only.tool_calls == 2 and result.tool_calls == 2
     assert "top_k must not be negative" in only.notes[0]
     second, third = judge.requests[1]["messages"], judge.requests[2]["messages"]
     assert second[-1]["content"] == (
@@ -144,6 +148,8 @@ def test_a_retried_verdict_that_becomes_usable_continues() -> None:
     assert (
         source.asked == [2, 4]
         and [r.judge_calls for r in result.rounds] == [2, 1]
+        and [r.tool_calls for r in result.rounds] == [2, 1]
+        and result.tool_calls == 3
         and result.stopped == "sufficient"
     )
 
@@ -158,8 +164,9 @@ def test_round_cap_and_judge_call_count() -> None:
         and result.rounds[-1].verdict is None
         and "not judged" in result.rounds[-1].notes[0]
     )
+    assert [r.tool_calls for r in result.rounds] == [1, 1, 0] and result.tool_calls == 2
     single = deepen(Source(), ScriptedModel([]), "q", top_k=2, max_iters=1)
-    assert len(single.rounds) == 1 and single.usage == Usage()
+    assert len(single.rounds) == 1 and single.usage == Usage() and single.tool_calls == 0
 
 
 def test_pool_never_exceeds_max_chunks_and_deduplicates() -> None:

@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agentdb.errors import InvalidParamValue, StorageFileNotFound
-from agentdb.expansion import ExpandedHit, expand
+from agentdb.expansion import expand
 from agentdb.ingest.chunking import chunk_text
 from agentdb.retrieval import Hit, retrieve
 from agentdb.sources import FieldSpec, create_document_source
@@ -263,8 +263,9 @@ def test_python_wrapper_takes_and_returns_hits(conn: psycopg.Connection[Any], le
     )
     result = retrieve(conn, "letters", "wal archive", mode="lexical", top_k=3)
     assert [(x.id, x.chunk) for x in result.hits] == [("a", 4)]
+    assert result.hits[0].table == "letters" and result.hits[0].chunks is None
     [wide] = expand(conn, "letters", result.hits, 3)
-    assert isinstance(wide, ExpandedHit) and isinstance(wide, Hit)
+    assert isinstance(wide, Hit) and wide.table == "letters"
     assert wide.chunks == [3, 4, 5] and wide.hit_chunks == [4] and wide.rank == 1
     assert wide.bm25_score == result.hits[0].bm25_score and wide.title == "title a"
     assert wide.text == "[a3] [a4] wal archive [a5]"

@@ -26,8 +26,19 @@ from agentdb.retrieval import Hit
 SEED_TEMPLATE = "{{#knowledge}}{{name}}:\n{{#chunks}}- {{text}}\n{{/chunks}}\n{{/knowledge}}"
 
 
-def hit(doc: str, text: str, distance: float | None = 0.25, **extra: Any) -> dict[str, Any]:
-    return {"id": doc, "chunk": 0, "text": text, "distance": distance, "score": 0.5, **extra}
+def hit(doc: str, text: str, distance: float | None = 0.25, **extra: Any) -> Hit:
+    fields: dict[str, Any] = {
+        "chunk": 0,
+        "rank": 1,
+        "score": 0.5,
+        "bm25_score": None,
+        "rank_dense": None,
+        "rank_sparse": None,
+        "title": None,
+        "metadata": {},
+        **extra,
+    }
+    return Hit(id=doc, text=text, distance=distance, **fields)
 
 
 KNOWLEDGE = {
@@ -72,39 +83,17 @@ def test_empty_knowledge() -> None:
         assert render(SEED_TEMPLATE, knowledge) in ("", "docs:\n")
 
 
-def test_hits_of_every_shape_render_alike() -> None:
-    as_hit = Hit(
-        id="d1",
-        chunk=2,
-        rank=1,
-        score=0.9,
-        distance=0.1,
-        bm25_score=None,
-        rank_dense=1,
-        rank_sparse=None,
-        title="Title one",
-        text="Body one",
-        metadata={},
-    )
-    as_agent_hit = {
-        "_id": "d1",
-        "_chunk": 2,
-        "_score": 0.9,
-        "_source": {"title": "Title one", "text": "Body one"},
-        "_index_scores": {"distance": 0.1},
-    }
-    as_json = {
-        "id": "d1",
-        "chunk": 2,
-        "score": 0.9,
-        "distance": 0.1,
-        "title": "Title one",
-        "text": "Body one",
-    }
-    rendered = {render(None, {"s": [h]}) for h in (as_hit, as_agent_hit, as_json)}
-    assert len(rendered) == 1
-    [text] = rendered
+def test_a_hit_renders_its_own_fields() -> None:
+    """Generation reads the one hit type: id, chunk, title, text, distance and score, whatever a step set."""
+    widened = hit("d1", "Body one", 0.1, chunk=2, score=0.9, title="Title one", table="s", chunks=[1, 2, 3])
+    text = render(None, {"s": [widened]})
     assert '<document id="d1" source="s">\nTitle one\nBody one\n</document>' in text
+    fields = render(
+        "{{#knowledge_s}}{{id}}/{{chunk}}/{{score}}/{{distance}}/{{title}}{{/knowledge_s}}", {"s": [widened]}
+    )
+    assert fields == "d1/2/0.9/0.1/Title one"
+    with pytest.raises(AttributeError):  # the JSON shapes of the past are not hits
+        render(None, {"s": [{"_id": "d1", "_source": {"text": "Body one"}}]})  # type: ignore[list-item]
 
 
 def test_partials_and_lambdas_are_never_loaded() -> None:

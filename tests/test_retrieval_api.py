@@ -9,8 +9,11 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from agentdb.agent import AgentHit, merge
 from agentdb.api import create_app
 from agentdb.config import Settings
+from agentdb.retrieval import Hit
+from agentdb.saved_agents import agent_path
 
 RUNBOOKS = [
     {
@@ -86,6 +89,7 @@ def test_response_schema_and_inferred_modes(client: TestClient) -> None:
     assert set(body) >= {"hits", "status", "steps", "route", "usage", "debug_info"}
     assert body["status"] == "completed" and body["route"] == "found"
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
+    assert body["tool_calls_made"] == 0  # no step gave a model a tool
     [step] = body["steps"]
     assert (
         step["status"] == "completed"
@@ -205,6 +209,16 @@ def test_stream_event_order(client: TestClient) -> None:
     assert kinds[:4] == ["step_started", "step_completed", "step_started", "step_completed"]
     assert kinds[-1] == "done" and set(kinds[4:-1]) == {"hit"} and len(kinds[4:-1]) >= 1
     assert _events(response.text)[-1][1]["status"] == "completed"
+    # Streamed hits are the JSON response's hits, in the same shape.
+    as_json = ask(
+        client,
+        query="recover",
+        queries=[
+            {"table": "runbooks", "full_text_search": "backup", "limit": 2},
+            {"table": "notes", "full_text_search": "backup", "limit": 2},
+        ],
+    )
+    assert [p for k, p in _events(response.text) if k == "hit"] == as_json["hits"]
 
 
 def test_stream_reports_errors_then_done(client: TestClient) -> None:
@@ -233,7 +247,7 @@ def test_stream_reports_errors_then_done(client: TestClient) -> None:
 
 
 def test_unsupported_features_and_limits_are_clear_400s(client: TestClient) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_internal_iterations": 3}, "max_internal_iterations"),
         ({"steps": {"generation": {"enabled": True}}}, "generator.provider"),  # no ANTHROPIC_API_KEY here
         ({"steps": {"retrieval": {"navigation": {"strategy": "tree"}}}}, "steps.retrieval.navigation"),
@@ -298,12 +312,13 @@ def test_saved_agent_lifecycle(client: TestClient) -> None:
     run = client.post("/agents/recovery/run", json={"input": "restore backup recovery"})
     assert run.status_code == 200
     body = run.json()
-    assert body["route"] == "found" and [h["id"] for h in body["hits"]] == [
+    assert body["route"] == "found" and [h["_id"] for h in body["hits"]] == [
         "restore"
     ]  # the draft filter held
     assert client.get("/agents/recovery").json()["top_k"] == 5  # the rejected patch changed nothing
-    empty = client.post("/agents/recovery/run", json={"input": ""}).json()
-    assert empty["route"] == "not_found" and empty["diagnostics"]["output"]["results"] == []
+    empty = client.post("/agents/recovery/run", json={"input": "", "diagnostics": True}).json()
+    assert empty["route"] == "not_found" and empty["hits"] == []
+    assert empty["debug_info"]["queries"][0]["output"]["results"] == []
     assert client.delete("/agents/recovery").status_code == 204
     gone = client.get("/agents/recovery")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == 3001
@@ -330,3 +345,111 @@ def test_hits_dropped_by_the_threshold_are_counted(client: TestClient) -> None:
     assert loose["steps"][0]["details"]["dropped_by_threshold"] == 0
     dropped = strict["steps"][0]["details"]["dropped_by_threshold"]
     assert dropped > 0 and dropped + len(strict["hits"]) == len(loose["hits"])
+
+
+def _hit(doc: str, chunk: int, table: str = "t") -> Hit:
+    return Hit(doc, chunk, 1, 0.5, None, None, None, None, None, f"{doc}:{chunk}", {}, table=table)
+
+
+def test_merge_keeps_one_hit_per_document_and_table() -> None:
+    """One query: its own scores, the first chunk of each document; several: RRF by (table, id), and the
+    merged list's rank in `rank`."""
+    single = merge([[_hit("a", 2), _hit("b", 0), _hit("a", 5), _hit("c", 1)]], limit=2)
+    assert [(h.id, h.chunk, h.rank, h.score) for h in single] == [("a", 2, 1, 0.5), ("b", 0, 2, 0.5)]
+    fused = merge(
+        [
+            [_hit("a", 1, "t"), _hit("b", 0, "t"), _hit("a", 3, "t")],
+            [_hit("b", 0, "t"), _hit("a", 0, "u")],
+        ],
+        limit=10,
+    )
+    b, a_t, a_u = 1 / 62 + 1 / 61, 1 / 61, 1 / 62
+    assert [(h.table, h.id, h.chunk, h.rank) for h in fused] == [
+        ("t", "b", 0, 1),
+        ("t", "a", 1, 2),
+        ("u", "a", 0, 3),
+    ]
+    assert [h.score for h in fused] == pytest.approx([b, a_t, a_u])
+
+
+def test_the_one_place_hits_become_json() -> None:
+    hit = Hit(
+        "d1", 2, 1, 0.75, 0.2, 1.5, 1, 3, "Title", "Body", {"year": 2020}, table="docs", chunks=[1, 2, 3]
+    )
+    assert AgentHit.of(hit).to_json() == {
+        "_id": "d1",
+        "_score": 0.75,
+        "_source": {"year": 2020, "title": "Title", "text": "Body"},
+        "_table": "docs",
+        "_chunk": 2,
+        "_chunks": [1, 2, 3],
+        "_index_scores": {"distance": 0.2, "bm25": 1.5, "rank_dense": 1, "rank_sparse": 3},
+    }
+    projected = AgentHit.of(Hit("d2", 0, 1, 0.5, None, None, None, None, None, None, {}, table="docs"))
+    assert projected.to_json()["_source"] == {} and projected.to_json()["_chunks"] is None
+
+
+MANUALS = [
+    {
+        "_id": f"manual{m}",
+        "title": f"Manual {m}",
+        "text": " ".join(f"part{i} of manual{m}: checkpoint tuning and wal settings." for i in range(90)),
+    }
+    for m in range(3)
+]
+
+
+def test_saved_agent_runs_are_retrieval_requests(client: TestClient) -> None:
+    """A run is the /agents/retrieval request its parameters make: documents (not chunks, so no document
+    twice), the same hits, the same response shape."""
+    assert client.post("/sources/manuals/documents", json=MANUALS).status_code == 200
+    for name, params, text in (
+        ("tuner", {"retrieval_mode": "lexical", "top_k": 3}, "checkpoint tuning"),
+        (
+            "pager",
+            {},
+            "page the on-call engineer when the error budget burns",
+        ),  # dense, top_k 2, threshold 0.5
+    ):
+        source = "manuals" if name == "tuner" else "runbooks"
+        assert client.post("/agents", json={"name": name, "source": source, **params}).status_code == 201
+        agent = client.get(f"/agents/{name}").json()
+        run = client.post(f"/agents/{name}/run", json={"input": text})
+        assert run.status_code == 200, run.text
+        body = run.json()
+        same = ask(
+            client,
+            query=text,
+            queries=[
+                {
+                    "table": source,
+                    "retrieval_mode": agent["retrieval_mode"],
+                    "limit": agent["top_k"],
+                    "threshold": agent["threshold"],
+                    "rrf_k": agent["rrf_k"],
+                }
+            ],
+        )
+        assert body["hits"] and body["hits"] == same["hits"], (name, body, same)
+        assert set(body) == set(same) and body["status"] == "completed" and body["route"] == "found"
+        assert [s["kind"] for s in body["steps"]] == ["retrieval"]
+        ids = [h["_id"] for h in body["hits"]]
+        assert len(ids) == len(set(ids)) <= agent["top_k"]
+    tuned = client.post("/agents/tuner/run", json={"input": "checkpoint tuning"}).json()
+    assert len(tuned["hits"]) == 3  # three documents, each widened by the default expand_window
+    assert all(len(h["_chunks"]) > 1 and h["_source"]["title"].startswith("Manual") for h in tuned["hits"])
+
+
+def test_saved_agent_run_errors_name_the_agents_fields(client: TestClient) -> None:
+    """Errors of a run point at the saved agent's fields, not at the request it is run as."""
+    generating = {"name": "writer", "source": "runbooks", "generation": {"enabled": True}}
+    assert client.post("/agents", json=generating).status_code == 201
+    keyless = client.post("/agents/writer/run", json={"input": "restore"})  # no ANTHROPIC_API_KEY here
+    assert keyless.status_code == 400
+    assert keyless.json()["error"]["path"] == "generation.generator.provider"
+    in_place = {"enabled": True, "placement": "in_place", "generator": {"provider": "scripted"}}
+    assert client.patch("/agents/writer", json={"generation": in_place}).status_code == 200
+    unmarked = client.post("/agents/writer/run", json={"input": "restore"})
+    assert unmarked.status_code == 400 and unmarked.json()["error"]["path"] == "input"
+    assert agent_path("queries[0].filter.$or[1].year") == "filter.$or[1].year"
+    assert agent_path("queries[0].table") == "source" and agent_path("steps.generation.x") == "generation.x"

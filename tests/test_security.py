@@ -107,7 +107,7 @@ def test_a_saved_agent_cannot_filter_on_a_hidden_field(served: Any) -> None:
     assert patched.status_code == 403 and patched.json()["error"]["path"] == "filter.secret"
     assert client.get("/agents/rd3", headers=h["reader"]).json()["filter"] == {"tenant": "acme"}
     run = client.post("/agents/rd3/run", json={"input": "backup wal"}, headers=h["reader"]).json()
-    assert run["hits"] and all(set(hit["metadata"]) <= {"tenant"} for hit in run["hits"])
+    assert run["hits"] and all(set(hit["_source"]) <= {"title", "text", "tenant"} for hit in run["hits"])
 
 
 def test_a_stored_filter_is_checked_again_when_the_agent_runs(served: Any, conn: Any) -> None:

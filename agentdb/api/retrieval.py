@@ -35,7 +35,7 @@ def _stream(
     returns); an error becomes an `error` event, and `done` always comes last."""
     try:
         with pool.connection() as conn:
-            for kind, payload in agent.run(conn, request, caller, settings, plan=plan):
+            for kind, payload in agent.json_events(agent.run(conn, request, caller, settings, plan=plan)):
                 yield sse(kind, payload)
     except AgentDBError as exc:
         yield sse("error", {"error": exc.to_dict()})

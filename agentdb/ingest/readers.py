@@ -210,7 +210,9 @@ def _read_csv(path: Path, stated: Mapping[str, str]) -> Iterator[Located]:
                 except csv.Error as exc:
                     why = str(exc)
                     if "unexpected end of data" in why:
-                        why = "a quote opened here is never closed, so the rest of the file reads as one field"
+                        why = (
+                            "a quote opened here is never closed, so the rest of the file reads as one field"
+                        )
                     rows.append((line, None, f"malformed CSV row: {why}"))
                     continue
                 if not any(field.strip() for field in row):

@@ -3,6 +3,7 @@ the single SQL implementation that the SQL functions, the CLI and HTTP share."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,11 @@ Mode = Literal["dense", "lexical", "hybrid"]
 
 @dataclass(frozen=True)
 class Hit:
+    """One retrieved chunk, the single hit type of the read path: retrieval makes it, deepening pools it,
+    expansion widens it (`chunks`, `hit_chunks`), the agent merges it (`score` and `rank` become the merged
+    ones) and generation renders it. Its JSON for HTTP clients is made in one place, the agent's response
+    model (agentdb.agent.models.AgentHit)."""
+
     id: str
     chunk: int
     rank: int
@@ -30,6 +36,42 @@ class Hit:
     title: str | None
     text: str | None
     metadata: dict[str, Any]
+    table: str | None = None  # the source it was read from
+    chunks: list[int] | None = None  # the chunk positions its text covers, once expanded
+    hit_chunks: list[int] | None = None  # the positions of the hits an expansion merged into it
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], table: str | None = None) -> Hit:
+        """A hit from the JSON of `agentdb.retrieve` or `agentdb.expand`, read from source `table`."""
+        values: dict[str, Any] = {name: row.get(name) for name in ROW_FIELDS}
+        values["metadata"] = values["metadata"] or {}
+        chunks, hit_chunks = row.get("chunks"), row.get("hit_chunks")
+        return cls(
+            **values,
+            table=table,
+            chunks=None if chunks is None else list(chunks),
+            hit_chunks=None if hit_chunks is None else list(hit_chunks),
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The hit as the SQL functions take it (`agentdb.expand`'s `hits`)."""
+        return {name: getattr(self, name) for name in ROW_FIELDS}
+
+
+# The fields of a hit in the SQL functions' JSON; the rest are added by the steps after retrieval.
+ROW_FIELDS = (
+    "id",
+    "chunk",
+    "rank",
+    "score",
+    "distance",
+    "bm25_score",
+    "rank_dense",
+    "rank_sparse",
+    "title",
+    "text",
+    "metadata",
+)
 
 
 @dataclass
@@ -111,8 +153,8 @@ def retrieve(
         },
     )
     payload = rows[0][0]
-    hits = [Hit(**{k: h.get(k) for k in Hit.__dataclass_fields__}) for h in payload["hits"]]
+    hits = [Hit.from_row(h, table=source) for h in payload["hits"]]
     return Result(route=payload["route"], hits=hits, diagnostics=payload["diagnostics"])
 
 
-__all__ = ["AgentDBError", "Hit", "Mode", "Result", "retrieve", "run_sql"]
+__all__ = ["ROW_FIELDS", "AgentDBError", "Hit", "Mode", "Result", "retrieve", "run_sql"]

@@ -1,0 +1,165 @@
+"""The request and response models of POST /agents/retrieval. `AgentHit.of` is the one place a typed
+`Hit` becomes the hit JSON clients see (`_id`, `_score`, `_source`, ...)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentdb.llm import GeneratorSpec
+from agentdb.retrieval import Hit, Mode
+
+# Query texts are questions, not documents: longer ones are refused before they reach the database.
+MAX_QUERY_CHARS = 10_000
+
+
+class FullTextSearch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    match: str = Field(max_length=MAX_QUERY_CHARS)
+    field: str | None = None
+
+
+class QuerySpec(BaseModel):
+    """One query of a retrieval request: which table, which legs, which filters, how many hits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    table: str
+    semantic_search: str | None = Field(None, max_length=MAX_QUERY_CHARS)
+    full_text_search: str | FullTextSearch | None = None
+    retrieval_mode: Mode | None = None
+    filter: dict[str, Any] | None = None
+    filter_query: dict[str, Any] | None = None
+    exclusion_query: dict[str, Any] | None = None
+    fields: list[str] | None = Field(None, max_length=256)
+    limit: int = Field(10, ge=1, le=1000)
+    threshold: float = Field(0.5, ge=0, le=2)
+    rrf_k: int = Field(60, ge=1, le=1000)
+
+    @field_validator("full_text_search")
+    @classmethod
+    def _short_text(cls, value: str | FullTextSearch | None) -> str | FullTextSearch | None:
+        if isinstance(value, str) and len(value) > MAX_QUERY_CHARS:
+            raise ValueError(f"String should have at most {MAX_QUERY_CHARS} characters")
+        return value
+
+
+class RetrievalOptions(BaseModel):
+    """`steps.retrieval`: agentic deepening (seed 003), neighbour expansion, and (later) navigation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    navigation: dict[str, Any] | None = None
+    deepening: dict[str, Any] | None = None
+    expand_window: int = Field(3, ge=1, le=101)
+
+
+class Steps(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    retrieval: RetrievalOptions | None = None
+    generation: dict[str, Any] | None = None
+
+
+class RetrievalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(max_length=MAX_QUERY_CHARS)
+    queries: list[QuerySpec] = Field(min_length=1, max_length=8)
+    stream: bool = False
+    diagnostics: bool = False
+    max_internal_iterations: int = Field(0, ge=0, le=20)
+    generator: GeneratorSpec | None = None
+    steps: Steps | None = None
+
+
+class IndexScores(BaseModel):
+    distance: float | None = None
+    bm25: float | None = None
+    rank_dense: int | None = None
+    rank_sparse: int | None = None
+
+
+class AgentHit(BaseModel):
+    """A hit as HTTP clients see it: `_source` holds the projected metadata with title and text."""
+
+    id: str = Field(alias="_id")
+    score: float = Field(alias="_score")
+    source: dict[str, Any] = Field(alias="_source")
+    table: str = Field(alias="_table")
+    chunk: int = Field(alias="_chunk")
+    chunks: list[int] | None = Field(None, alias="_chunks")
+    index_scores: IndexScores = Field(alias="_index_scores")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    @classmethod
+    def of(cls, hit: Hit) -> AgentHit:
+        """The client's view of `hit`: title and text (when read) join its metadata in `_source`."""
+        source = dict(hit.metadata)
+        if hit.title is not None:
+            source["title"] = hit.title
+        if hit.text is not None:
+            source["text"] = hit.text
+        return cls(
+            _id=hit.id,
+            _score=hit.score,
+            _source=source,
+            _table=hit.table or "",
+            _chunk=hit.chunk,
+            _chunks=hit.chunks,
+            _index_scores=IndexScores(
+                distance=hit.distance,
+                bm25=hit.bm25_score,
+                rank_dense=hit.rank_dense,
+                rank_sparse=hit.rank_sparse,
+            ),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this hit, keyed as clients see it (`_id`, ...)."""
+        return self.model_dump(by_alias=True)
+
+
+class Step(BaseModel):
+    id: str
+    kind: Literal["retrieval", "deepening", "expansion", "generation"] = "retrieval"
+    name: str
+    status: Literal["completed", "failed"]
+    duration_ms: float
+    details: dict[str, Any]
+
+
+class UsageOut(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    llm_calls: int = 0
+
+
+class RetrievalResponse(BaseModel):
+    hits: list[AgentHit]
+    status: Literal["completed", "incomplete", "failed"]
+    steps: list[Step]
+    route: Literal["found", "not_found"]
+    usage: UsageOut
+    generation: dict[str, Any] | None = None
+    # Tool calls the models made; today only the deepening judge is given a tool (judge_retrieval).
+    tool_calls_made: int = 0
+    debug_info: dict[str, Any] | None = None
+
+
+__all__ = [
+    "MAX_QUERY_CHARS",
+    "AgentHit",
+    "FullTextSearch",
+    "IndexScores",
+    "QuerySpec",
+    "RetrievalOptions",
+    "RetrievalRequest",
+    "RetrievalResponse",
+    "Step",
+    "Steps",
+    "UsageOut",
+]

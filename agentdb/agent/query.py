@@ -1,0 +1,147 @@
+"""One query of a retrieval request: retrieval under the caller's scope, deepened by the judge when asked,
+then widened by neighbour expansion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from agentdb.agent.models import FullTextSearch, QuerySpec
+from agentdb.agent.scope import in_query, read_scope
+from agentdb.agent.validate import Plan
+from agentdb.auth import Principal
+from agentdb.deepening import RoundSummary, deepen
+from agentdb.embed import Embedder
+from agentdb.expansion import expand
+from agentdb.retrieval import Hit, Mode, Result, retrieve
+from agentdb.sources import get_source
+
+
+@dataclass
+class QueryOutcome:
+    """What one query produced: its mode, the first retrieval's result (for the funnel), the final hits,
+    the deepening round steps, and the tool calls its models made."""
+
+    mode: Mode
+    result: Result
+    hits: list[Hit]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: int = 0
+
+
+def legs(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
+    """The mode (given, or inferred from the legs supplied) and the texts of the lexical and dense legs."""
+    full_text = (
+        spec.full_text_search.match
+        if isinstance(spec.full_text_search, FullTextSearch)
+        else spec.full_text_search
+    )
+    mode: Mode = spec.retrieval_mode or (
+        "hybrid"
+        if (spec.semantic_search and full_text) or not (spec.semantic_search or full_text)
+        else "dense"
+        if spec.semantic_search
+        else "lexical"
+    )
+    lexical_text = full_text or spec.semantic_search or query
+    dense_text = spec.semantic_search or full_text or query
+    return mode, lexical_text, dense_text
+
+
+def run_query(
+    conn: psycopg.Connection[Any],
+    index: int,
+    query: str,
+    spec: QuerySpec,
+    fields: list[str] | None,
+    principal: Principal | None,
+    plan: Plan,
+    embedder_for: Callable[[str], Embedder],
+) -> QueryOutcome:
+    """Query `index` of a request whose user text is `query`, read with projection `fields`."""
+    mode, lexical_text, dense_text = legs(spec, query)
+    embedding = None
+    if mode != "lexical" and dense_text.strip():
+        embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
+    row_filter = principal.row_filter if principal else None
+    results: dict[int, Result] = {}
+
+    def retrieve_k(k: int) -> Result:
+        # Hits are documents: the best chunk of each, so `limit` counts distinct documents.
+        if k not in results:
+            with read_scope(conn, principal), in_query(index):
+                results[k] = retrieve(
+                    conn,
+                    spec.table,
+                    lexical_text,
+                    mode=mode,
+                    top_k=k,
+                    rrf_k=spec.rrf_k,
+                    threshold=spec.threshold,
+                    filter=spec.filter,
+                    filter_query=spec.filter_query,
+                    exclusion_query=spec.exclusion_query,
+                    fields=fields,
+                    query_embedding=embedding,
+                    group_by_doc=True,
+                    row_filter=row_filter,
+                )
+        return results[k]
+
+    result = retrieve_k(spec.limit)
+    outcome = QueryOutcome(mode=mode, result=result, hits=list(result.hits))
+    if plan.deepening is not None and plan.judge is not None:
+        finished: list[tuple[RoundSummary, float]] = []
+        last = time.perf_counter()
+
+        def timed(summary: RoundSummary) -> None:
+            # A round's time: its retrieval and the judge's verdict on it.
+            nonlocal last
+            now = time.perf_counter()
+            finished.append((summary, round((now - last) * 1000, 3)))
+            last = now
+
+        # A round asking for a size already retrieved (round 1, unless max_chunks < limit) reuses it.
+        rounds = deepen(
+            lambda k: retrieve_k(min(k, 1000)).hits,
+            plan.judge,
+            query,
+            top_k=min(spec.limit, plan.deepening.max_chunks),
+            max_iters=plan.deepening.max_iters,
+            max_chunks=plan.deepening.max_chunks,
+            function_call_max_trials=plan.deepening.function_call_max_trials,
+            source=spec.table,
+            on_round=timed,
+        )
+        outcome.hits = list(rounds.hits)
+        outcome.tool_calls = rounds.tool_calls
+        outcome.steps = [
+            {
+                "id": f"deepening_{spec.table}_{summary.round}",
+                "kind": "deepening",
+                "name": "deepening_round",
+                "status": "completed",
+                "duration_ms": duration,
+                "details": {**summary.to_dict(), "table": spec.table, "stopped": rounds.stopped},
+            }
+            for summary, duration in finished
+        ]
+    if plan.expand_window > 1 and outcome.hits:
+        with read_scope(conn, principal), in_query(index):
+            outcome.hits = expand(
+                conn,
+                spec.table,
+                outcome.hits,
+                plan.expand_window,
+                filter=spec.filter,
+                row_filter=row_filter,
+                fields=fields,
+            )
+    return outcome
+
+
+__all__ = ["QueryOutcome", "legs", "run_query"]

@@ -1,0 +1,116 @@
+"""Validation of a retrieval request, and the Plan it yields: every check that can fail runs before any
+query or model call (features and their models, tables, permissions, filters, projections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from agentdb.agent.models import FullTextSearch, RetrievalOptions, RetrievalRequest
+from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
+from agentdb.config import Settings
+from agentdb.deepening import DeepeningOptions
+from agentdb.errors import AgentDBError, InvalidParamValue
+from agentdb.filters import validate_filter
+from agentdb.generation import GenerationStep
+from agentdb.llm import Usage, UsageMeter, resolve_model
+from agentdb.sources import get_source
+
+
+@dataclass
+class Plan:
+    """What a validated request will do beyond retrieval, with its models resolved (no network yet)."""
+
+    projections: list[list[str] | None]
+    expand_window: int = 1
+    deepening: DeepeningOptions | None = None
+    judge: UsageMeter | None = None
+    generation: GenerationStep | None = None
+    generator: UsageMeter | None = None
+    meters: list[UsageMeter] = field(default_factory=list)
+
+    def usage(self) -> Usage:
+        total = Usage()
+        for meter in self.meters:
+            total = total + meter.usage
+        return total
+
+
+def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None:
+    """Parse the optional steps and resolve their models; the model loop and navigation come later, so
+    asking for them is a clear 400, never a silent ignore."""
+    if request.max_internal_iterations:
+        raise InvalidParamValue(
+            "max_internal_iterations > 0 (the agentic model loop) is not supported yet; "
+            "use 0 for pipeline mode",
+            path="max_internal_iterations",
+        )
+    options = (
+        request.steps.retrieval
+        if request.steps and request.steps.retrieval
+        else RetrievalOptions.model_validate({})
+    )
+    if options.navigation is not None:
+        raise InvalidParamValue(
+            "steps.retrieval.navigation is not supported yet", path="steps.retrieval.navigation"
+        )
+    plan.expand_window = options.expand_window
+    if options.deepening is not None:
+        plan.deepening = DeepeningOptions.parse(options.deepening, path="steps.retrieval.deepening")
+        where = "steps.retrieval.deepening.generator" if plan.deepening.generator else "generator"
+        plan.judge = UsageMeter(
+            resolve_model(plan.deepening.generator or request.generator, settings, path=where)
+        )
+        plan.meters.append(plan.judge)
+    if request.steps and request.steps.generation is not None:
+        step = GenerationStep.parse(request.steps.generation, path="steps.generation")
+        if step.enabled:
+            step.check_query(request.query)
+            where = "steps.generation.generator" if step.generator else "generator"
+            plan.generation = step
+            plan.generator = UsageMeter(
+                resolve_model(step.generator or request.generator, settings, path=where)
+            )
+            plan.meters.append(plan.generator)
+
+
+def validate(
+    conn: psycopg.Connection[Any], request: RetrievalRequest, principal: Principal | None, settings: Settings
+) -> Plan:
+    """Every check that can fail before any query runs or any model is called: features and their models,
+    tables, permissions, projections (a field grant narrows an unrestricted request)."""
+    plan = Plan(projections=[])
+    _features(request, settings, plan)
+    projections = plan.projections
+    for i, spec in enumerate(request.queries):
+        if isinstance(spec.full_text_search, FullTextSearch) and spec.full_text_search.field not in (
+            None,
+            "text",
+        ):
+            raise InvalidParamValue(
+                "a field-scoped full_text_search is not supported: the lexical index covers title and text together",
+                path=f"queries[{i}].full_text_search.field",
+            )
+        fields = spec.fields
+        if principal is not None:
+            check_tool(principal, "search")
+            check_table(principal, spec.table, path=f"queries[{i}].table")
+            fields = check_fields(principal, spec.fields, path=f"queries[{i}].fields")
+        try:
+            source = get_source(conn, spec.table)
+        except AgentDBError as exc:
+            exc.path = f"queries[{i}].table"
+            raise
+        for name in ("filter", "filter_query", "exclusion_query"):
+            where = f"queries[{i}].{name}"
+            if principal is not None:
+                check_filter(conn, principal, source, getattr(spec, name), path=where)
+            else:
+                validate_filter(conn, source, getattr(spec, name), where)
+        projections.append(fields)
+    return plan
+
+
+__all__ = ["Plan", "validate"]
