@@ -71,7 +71,7 @@ def _unserialisable_int(value: Any) -> str | None:
     return None
 
 
-def _to_json(value: Any, path_prefix: str) -> str:
+def to_json(value: Any, path_prefix: str) -> str:
     """`value` as JSON text for the compiler; a value JSON cannot carry (an integer beyond 64 bits, which
     orjson refuses) is 3007 at its path rather than a TypeError from the driver."""
     try:
@@ -97,7 +97,7 @@ def compile_filter(
     64 bits)."""
     fields = Jsonb([f.model_dump() for f in source.fields])
     value = _parse(filter, path_prefix)
-    text = None if value is None else _to_json(value, path_prefix)
+    text = None if value is None else to_json(value, path_prefix)
     try:
         with conn.transaction():
             row = conn.execute(

@@ -487,3 +487,18 @@ def test_an_outage_fails_fast_and_recovery_costs_no_request(tmp_path_factory: An
         assert psycopg.connect(url).close() is None  # same address after the restart
         statuses = [client.get("/sources").status_code for _ in range(12)]
         assert statuses == [200] * 12
+
+
+def test_the_python_api_refuses_integers_beyond_64_bits_with_their_path(conn: Any) -> None:
+    fill(conn, rows=4)
+    for name in ("filter", "row_filter", "filter_query"):
+        with pytest.raises(InvalidParamValue) as caught:
+            retrieve(
+                conn,
+                "docs",
+                "backup",
+                mode="lexical",
+                top_k=3,
+                **{name: {"$or": [{"level": 1}, {"level": 10**30}]}},
+            )
+        assert caught.value.path == f"{name}.$or[1].level"

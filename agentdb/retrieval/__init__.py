@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error
+from agentdb.filters import to_json
 from agentdb.sources import get_source
 
 Mode = Literal["dense", "lexical", "hybrid"]
@@ -81,8 +82,12 @@ class Result:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
-def _jsonb(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+def _jsonb(value: Any, path: str) -> Jsonb | None:
+    """A filter as a jsonb parameter; one JSON cannot carry (an integer beyond 64 bits) is 3007 at its path."""
+    if value is None:
+        return None
+    to_json(value, path)
+    return Jsonb(value)
 
 
 def run_sql(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -141,15 +146,15 @@ def retrieve(
             "top_k": top_k,
             "rrf_k": rrf_k,
             "threshold": threshold,
-            "filter": _jsonb(filter),
+            "filter": _jsonb(filter, "filter"),
             "model": model,
             "group_by_doc": group_by_doc,
             "ef_search": ef_search,
             "candidates": candidates,
-            "row_filter": _jsonb(row_filter),
+            "row_filter": _jsonb(row_filter, "row_filter"),
             "fields": fields,
-            "filter_query": _jsonb(filter_query),
-            "exclusion_query": _jsonb(exclusion_query),
+            "filter_query": _jsonb(filter_query, "filter_query"),
+            "exclusion_query": _jsonb(exclusion_query, "exclusion_query"),
         },
     )
     payload = rows[0][0]
