@@ -330,6 +330,7 @@ def test_documents_are_transactional_over_http(client: TestClient) -> None:
         "/sources/runbooks/documents", json=[{"_id": "x", "text": "fine"}, {"_id": "y", "text": 3}]
     )
     assert bad.status_code == 400 and bad.json()["error"]["path"] == "body:1.text"
+    assert "?skip_bad=true" in bad.json()["error"]["hint"] and "--skip-bad" not in bad.json()["error"]["hint"]
     assert client.get("/sources/runbooks").json() == before
     assert client.delete("/sources/runbooks/documents/oncall").status_code == 204
     assert client.get("/sources/runbooks").json()["documents"] == before["documents"] - 1

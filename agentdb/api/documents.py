@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -16,11 +17,11 @@ from agentdb.agent import read_scope
 from agentdb.api.deps import connection, principal
 from agentdb.auth import Principal, check_fields, check_table, check_tool
 from agentdb.embed import load_embedder
-from agentdb.errors import InvalidParamValue, StorageFileNotFound, StorageKindMismatch
+from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.filters import compile_filter
-from agentdb.ingest.pipeline import ingest
+from agentdb.ingest.pipeline import Document, ingest
 from agentdb.ingest.readers import Located
-from agentdb.sources import get_source
+from agentdb.sources import FieldSpec, Source, get_source
 
 router = APIRouter(tags=["documents"])
 
@@ -67,7 +68,88 @@ def _writer(caller: Principal | None, name: str) -> None:
         check_table(caller, name, path="source")
 
 
-@router.post("/sources/{name}/documents", response_model=IngestOut)
+def _row_filter_sql(
+    conn: psycopg.Connection[Any], source: Source, caller: Principal
+) -> tuple[sql.SQL, Jsonb]:
+    """The caller's row filter as a predicate over the alias `c` (doc_id, metadata), with its values."""
+    predicate, params = compile_filter(conn, source, caller.row_filter, "%(row_params)s::jsonb", "row_filter")
+    return sql.SQL(predicate), Jsonb(params)
+
+
+def writes_allowed(
+    conn: psycopg.Connection[Any], caller: Principal
+) -> Callable[[Source, list[Document], list[FieldSpec]], None]:
+    """The check a principal's document writes pass before anything is written: no field outside its
+    field grant (403 at the record's field), every record inside its row filter (a row it could not read
+    it cannot create), and no replaced document outside its row filter or holding fields it may not see
+    (it cannot overwrite what it cannot read)."""
+
+    def check(source: Source, documents: list[Document], new_fields: list[FieldSpec]) -> None:
+        granted = None if caller.fields is None else set(caller.fields)
+        if granted is not None:
+            for doc in documents:
+                for key in doc.metadata:
+                    if key not in granted:
+                        raise Forbidden(
+                            f"principal {caller.name!r} may not write field {key!r}",
+                            path=f"{doc.file}:{doc.line}.{key}",
+                        )
+        predicate, params = _row_filter_sql(conn, source, caller)
+        records = Jsonb(
+            [{"i": i, "doc_id": d.doc_id, "metadata": d.metadata} for i, d in enumerate(documents)]
+        )
+        outside = conn.execute(
+            sql.SQL(
+                "select c.i from jsonb_to_recordset(%(records)s) as c(i int, doc_id text, metadata jsonb)"
+                " where not coalesce(({}), false) order by c.i limit 1"
+            ).format(predicate),
+            {"records": records, "row_params": params},
+        ).fetchone()
+        if outside is not None:
+            doc = documents[outside[0]]
+            raise Forbidden(
+                f"principal {caller.name!r} may not write document {doc.doc_id!r}: it is outside its row filter",
+                path=f"{doc.file}:{doc.line}",
+            )
+        hidden = (
+            sql.SQL("true")
+            if granted is None
+            else sql.SQL("exists (select 1 from jsonb_object_keys(c.metadata) k where k <> all(%(granted)s))")
+        )
+        replaced = conn.execute(
+            sql.SQL(
+                "select c.doc_id from {} c where c.doc_id = any(%(ids)s)"
+                " and (not coalesce(({}), false) or ({} and %(has_grant)s)) limit 1"
+            ).format(source.table, predicate, hidden),
+            {
+                "ids": [d.doc_id for d in documents],
+                "row_params": params,
+                "granted": sorted(granted or ()),
+                "has_grant": granted is not None,
+            },
+        ).fetchone()
+        if replaced is not None:
+            doc = next(d for d in documents if d.doc_id == replaced[0])
+            raise Forbidden(
+                f"principal {caller.name!r} may not replace document {doc.doc_id!r}",
+                path=f"{doc.file}:{doc.line}",
+            )
+
+    return check
+
+
+UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+        "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON object a line"}},
+    },
+}
+
+
+@router.post(
+    "/sources/{name}/documents", response_model=IngestOut, openapi_extra={"requestBody": UPLOAD_BODY}
+)
 async def add_documents(
     name: str,
     request: Request,
@@ -79,7 +161,16 @@ async def add_documents(
     _writer(caller, name)
     records = _records(await request.body(), request.headers.get("content-type", ""))
     report = await run_in_threadpool(
-        ingest, conn, name, records, load_embedder(), skip_bad=skip_bad, progress=False
+        ingest,
+        conn,
+        name,
+        records,
+        load_embedder(),
+        skip_bad=skip_bad,
+        skip_bad_option="the query parameter ?skip_bad=true",
+        progress=False,
+        create=caller is None,
+        check=None if caller is None else writes_allowed(conn, caller),
     )
     return IngestOut(
         documents=report.documents,
@@ -162,8 +253,15 @@ def delete_document(
         raise StorageKindMismatch(
             f"source {name!r} is a registered table: remove its rows in the table itself", path="source"
         )
+    # A principal deletes only documents it can read; others answer 404 as if absent.
+    predicate, params = (
+        _row_filter_sql(conn, source, caller) if caller is not None else (sql.SQL("true"), Jsonb([]))
+    )
     gone = conn.execute(
-        sql.SQL("delete from {} where doc_id = %s returning doc_id").format(source.table), (doc_id,)
+        sql.SQL("delete from {} c where c.doc_id = %(doc_id)s and ({}) returning c.doc_id").format(
+            source.table, predicate
+        ),
+        {"doc_id": doc_id, "row_params": params},
     ).fetchall()
     if not gone:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")

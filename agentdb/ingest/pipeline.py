@@ -193,7 +193,13 @@ def _parse(located: Located, mapping: FieldMap, schema: _Schema, dim: int) -> Do
 
 
 def prepare(
-    records: Iterable[Located], mapping: FieldMap, source_fields: list[FieldSpec], dim: int, *, skip_bad: bool
+    records: Iterable[Located],
+    mapping: FieldMap,
+    source_fields: list[FieldSpec],
+    dim: int,
+    *,
+    skip_bad: bool,
+    skip_bad_option: str = "--skip-bad",
 ) -> tuple[list[Document], list[FieldSpec], list[BadRow]]:
     """Validate every record before anything is written: the documents (the last one wins for a repeated
     id), the metadata fields new to the source, and the bad rows (raised at once unless `skip_bad`)."""
@@ -212,7 +218,7 @@ def prepare(
                 raise StorageContentError(
                     f"bad row at {row}; nothing was written",
                     path=row.path,
-                    hint="fix the row, or pass --skip-bad to report and skip bad rows",
+                    hint=f"fix the row, or pass {skip_bad_option} to report and skip bad rows",
                 ) from exc
             bad.append(row)
             continue
@@ -330,6 +336,7 @@ def ingest(
     *,
     mapping: FieldMap | None = None,
     skip_bad: bool = False,
+    skip_bad_option: str = "--skip-bad",
     create: bool = True,
     progress: bool = True,
     chunk_size: int = 256,
@@ -337,7 +344,7 @@ def ingest(
     check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
 ) -> IngestReport:
     """Ingest `records` into the document source `source_name` (created on first use when `create`).
-    `check` sees the existing source, the validated documents and the new fields before anything is
+    `skip_bad_option` is how the caller names skip_bad in hints. `check` sees the existing source, the validated documents and the new fields before anything is
     written, and may refuse them (a writer's permissions)."""
     started = time.perf_counter()
     mapping = mapping or FieldMap()
@@ -359,7 +366,9 @@ def ingest(
         )
     else:
         fields, dim = source.fields, source.embedding_dim
-    documents, new_fields, bad = prepare(records, mapping, fields, dim, skip_bad=skip_bad)
+    documents, new_fields, bad = prepare(
+        records, mapping, fields, dim, skip_bad=skip_bad, skip_bad_option=skip_bad_option
+    )
     report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
     if check is not None:
         if source is None:
