@@ -17,6 +17,8 @@ import orjson
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
@@ -502,3 +504,51 @@ def test_the_python_api_refuses_integers_beyond_64_bits_with_their_path(conn: An
                 **{name: {"$or": [{"level": 1}, {"level": 10**30}]}},
             )
         assert caught.value.path == f"{name}.$or[1].level"
+
+
+leaf_filters = st.one_of(
+    st.builds(
+        lambda f, v: {f: v}, st.sampled_from(["tenant", "secret"]), st.sampled_from(["acme", "S-acme-00002"])
+    ),
+    st.builds(lambda v: {"level": {"$gte": v}}, st.integers(1, 5)),
+    st.builds(lambda v: {"tags": {"$contains": v}}, st.sampled_from(["a", "b"])),
+    st.builds(lambda f: {"term": "acme", "field": f}, st.sampled_from(["tenant", "secret"])),
+)
+random_filters = st.recursive(
+    leaf_filters,
+    lambda inner: st.builds(lambda xs: {"$or": xs}, st.lists(inner, min_size=1, max_size=3)),
+    max_leaves=4,
+)
+
+
+def reads_hidden(filter: Any) -> bool:
+    text = orjson.dumps(filter).decode()
+    return any(f'"{name}"' in text for name in ("secret", "level", "tags"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(filter=random_filters, name=st.integers(0, 10**6))
+def test_every_path_that_stores_or_runs_a_filter_checks_the_field_grant(
+    served: Any, filter: Any, name: int
+) -> None:
+    """For random filters: search, agent create and agent patch agree, and refuse exactly the filters that
+    read a field outside the reader's grant; a refused filter is never stored."""
+    client, h, _ = served
+    hidden = reads_hidden(filter)
+    searched = client.post(
+        "/agents/retrieval", json=search_body(full_text_search="backup", filter=filter), headers=h["reader"]
+    )
+    created = client.post("/agents", json=agent(f"p{name}", filter=filter), headers=h["reader"])
+    assert searched.status_code == (403 if hidden else 200)
+    assert created.status_code == (403 if hidden else 201)
+    base = client.post("/agents", json=agent(f"q{name}"), headers=h["reader"])
+    assert base.status_code == 201
+    patched = client.patch(f"/agents/q{name}", json={"filter": filter}, headers=h["reader"])
+    assert patched.status_code == (403 if hidden else 200)
+    stored = client.get(f"/agents/q{name}", headers=h["reader"]).json()["filter"]
+    assert stored == (None if hidden else filter)
+    if not hidden:
+        run = client.post(f"/agents/q{name}/run", json={"input": "backup"}, headers=h["reader"]).json()
+        assert all(set(hit["_source"]) <= {"title", "text", "tenant"} for hit in run["hits"])
+    client.delete(f"/agents/p{name}", headers=h["reader"])
+    client.delete(f"/agents/q{name}", headers=h["reader"])
