@@ -107,13 +107,23 @@ declare
     step_wk float8[];
     bound float8;
 begin
-    select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
-           array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
-    into t_term, t_wk, t_ub, t_df
-    from (select ts.term, ts.df, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
-          from agentdb.term_stats ts
-          cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w
-          where ts.source_id = bm25_maxscore.source_id and ts.term = any(terms)) x;
+    -- A principal's role reads the statistics of the query terms through agentdb.principal_term_stats.
+    if agentdb.current_principal() is null then
+        select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
+               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
+        into t_term, t_wk, t_ub, t_df
+        from (select ts.term, ts.df, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
+              from agentdb.term_stats ts
+              cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w
+              where ts.source_id = bm25_maxscore.source_id and ts.term = any(terms)) x;
+    else
+        select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
+               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
+        into t_term, t_wk, t_ub, t_df
+        from (select ts.term, ts.df, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
+              from agentdb.principal_term_stats(bm25_maxscore.source_id, terms) ts
+              cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w) x;
+    end if;
     nt := coalesce(cardinality(t_term), 0);
     if nt = 0 then
         return;
@@ -188,6 +198,9 @@ $$;
 --     otherwise the single leg fetches top_k rows.
 --   filter and row_filter (a principal's) are compiled by agentdb.compile_filter and applied to both legs.
 --   fields: projection of the returned metadata/title/text (null = everything).
+--   Under a principal's role (SET ROLE) the source is read through agentdb.source_relation, so columns
+--   outside the field grant read as null; the row filter is then applied by the role's row security, and
+--   `row_filter` is compiled only when it is not the principal's own (it can only hide more rows).
 create or replace function agentdb.retrieve(
     source text,
     query text default '',
@@ -248,6 +261,9 @@ declare
     seed_budget bigint;
     setting text;
     query_postings bigint;
+    principal boolean;
+    rel text;           -- the relation read for the current role (agentdb.source_relation)
+    stats_rel text;     -- and the term statistics
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
@@ -303,11 +319,19 @@ begin
         end loop;
     end if;
 
+    principal := agentdb.current_principal() is not null;
+    rel := agentdb.source_relation(src);
+    stats_rel := case when principal then 'agentdb.principal_term_stats($9, $2)' else 'agentdb.term_stats' end;
     select * into r from agentdb.source_row_sql(src);
     select c.predicate, c.params into pred, pred_params
     from agentdb.compile_filter(src.fields, filter, '$5', r.doc_id, 'filter') c;
-    select c.predicate, c.params into row_pred, row_params
-    from agentdb.compile_filter(src.fields, row_filter, '$6', r.doc_id, 'row_filter') c;
+    if principal and row_filter is not null and agentdb.principal_row_filter_applies(row_filter) then
+        row_pred := 'true';
+        row_params := '[]'::jsonb;
+    else
+        select c.predicate, c.params into row_pred, row_params
+        from agentdb.compile_filter(src.fields, row_filter, '$6', r.doc_id, 'row_filter') c;
+    end if;
     -- filter_query must match and exclusion_query must not (seed 002 query objects); ANDed with filter.
     select c.predicate, c.params into fq_pred, fq_params
     from agentdb.compile_filter(src.fields, filter_query, '$17', r.doc_id, 'filter_query') c;
@@ -361,7 +385,7 @@ begin
             from %s c
             where c.agentdb_embedding is not null and (%s) and (%s)
             order by c.agentdb_embedding <=> $1
-            limit $3 $q$, format('%I.%I', src.table_schema, src.table_name), pred, row_pred);
+            limit $3 $q$, rel, pred, row_pred);
     else
         dense_sql := 'select null::bigint as cid, null::float8 as distance where false';
     end if;
@@ -369,14 +393,20 @@ begin
     -- The lexical leg: exact BM25, the best `cand` chunks. When the query terms' postings fit the seed budget
     -- they are summed here; beyond it agentdb.bm25_maxscore prunes (same scores, same order).
     -- The lexical leg may skip the join to the source table only when no row can be hidden from it: no
-    -- filter, and no row-level security in force for the current role (a principal's reads).
+    -- filter, and no row-level security in force for the current role, or a principal's role, which
+    -- reads only the postings of chunks it can read (its policy on agentdb.postings).
     filter_join := case when pred = 'true' and row_pred = 'true'
-                        and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass)
+                        and (principal
+                             or not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass))
                    then ''
-                   else format('join %I.%I c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
-                               src.table_schema, src.table_name, pred, row_pred) end;
-    select coalesce(sum(ts.df), 0) into query_postings
-    from agentdb.term_stats ts where ts.source_id = src.id and ts.term = any(terms);
+                   else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
+                               rel, pred, row_pred) end;
+    if principal then
+        select coalesce(sum(ts.df), 0) into query_postings from agentdb.principal_term_stats(src.id, terms) ts;
+    else
+        select coalesce(sum(ts.df), 0) into query_postings
+        from agentdb.term_stats ts where ts.source_id = src.id and ts.term = any(terms);
+    end if;
     if not use_sparse or query_postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
     elsif query_postings <= seed_budget then
@@ -384,14 +414,14 @@ begin
         sparse_sql := format($q$
             with q as materialized (
                 select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) * ($12 + 1) as wk
-                from agentdb.term_stats ts where ts.source_id = $9 and ts.term = any($2))
+                from %s ts where ts.source_id = $9 and ts.term = any($2))
             select s.chunk_id as cid, s.known::float8 as bm25
             from (select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
                   from q join agentdb.postings p on p.source_id = $9 and p.term = q.term
                   group by p.chunk_id) s
             %s
             order by bm25 desc, cid
-            limit $3 $q$, filter_join);
+            limit $3 $q$, stats_rel, filter_join);
     else
         sparse_sql := format(
             'select m.cid, m.bm25 from agentdb.bm25_maxscore($9, $2, $3, $10, $11, $12, $13, $19, %L,'
@@ -435,9 +465,9 @@ begin
         $q$,
         dense_sql, sparse_sql,
         score_sql, r.doc_id, r.chunk, r.doc_id, score_sql, r.chunk,
-        format('%I.%I', src.table_schema, src.table_name),
+        rel,
         r.title, r.body, r.metadata, r.metadata,
-        format('%I.%I', src.table_schema, src.table_name));
+        rel);
 
     execute stmt into result using
         query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
@@ -515,8 +545,8 @@ begin
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', $1), 'source');
     end if;
     select * into r from agentdb.source_row_sql(src);
-    execute format('select c.agentdb_embedding from %I.%I c where %s = $1 and c.agentdb_embedding is not null'
-                   ' order by %s limit 1', src.table_schema, src.table_name, r.doc_id, r.chunk)
+    execute format('select c.agentdb_embedding from %s c where %s = $1 and c.agentdb_embedding is not null'
+                   ' order by %s limit 1', agentdb.source_relation(src), r.doc_id, r.chunk)
         into v using $2;
     if v is null then
         perform agentdb.raise_error(3010, 'StorageFileNotFound',

@@ -1,21 +1,40 @@
 -- Principals in the database: each one has its own NOLOGIN role with only the grants its reads need and
 -- row-level security policies compiled from its row filter, so that a read agentdb runs under that role
--- (agentdb.auth.principal_scope: SET LOCAL ROLE) cannot see a row outside the filter, even if the request
--- handling forgot the filter. The table owner (the application itself, ingestion) bypasses RLS as usual.
+-- (agentdb.auth.principal_scope: SET LOCAL ROLE) cannot see a row, a field or a posting outside its grant,
+-- even if the request handling forgot the filter or the projection. The table owner (the application
+-- itself, ingestion) bypasses RLS as usual.
 --
 -- What a principal role may read:
 --   * USAGE on the schemas agentdb and agentdb_docs (and that of any registered table it may read);
---   * SELECT on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats and agentdb.postings (the last
---     limited by a restrictive policy to the sources it is granted);
---   * SELECT on exactly its source tables, through a policy `for select to <role> using (<row filter>)`;
---   * EXECUTE on its own params function; nothing on agentdb.principals or agentdb.principal_grants.
+--   * on each of its source tables, under a policy `for select to <role> using (<row filter>)`, SELECT on
+--     only the columns of its field grant (column privileges): the row key, the chunk position, the
+--     embedding, `title` and `text` when granted; of a document table's `metadata` either the whole column
+--     (no field grant) or a virtual generated column agentdb_meta_<md5 of the keys> holding just the granted
+--     keys; of a registered table the columns of the granted fields and, with "text", the text columns.
+--     agentdb.source_relation(src) gives the reads agentdb makes (retrieve, expand, similar, the document
+--     fetch) the relation with the table's usual column names in which what the role may not read is null;
+--     Never agentdb_tsv, nor any column of a registered table that is not a granted field, text or key;
+--   * SELECT on agentdb.postings, limited by a restrictive policy to the postings of chunks it may read
+--     (an exists over agentdb.principal_chunks_<id>, which reads its tables under its own row security).
+--     These are the bags of words of its rows, even without "text" in its grant: lexical search needs
+--     them, and its results would tell as much;
+--   * SELECT on agentdb.sources (every source's name and field schema) and agentdb.corpus_stats;
+--     agentdb.term_stats only through agentdb.principal_term_stats (the named terms of a source it may
+--     read, never the vocabulary);
+--   * EXECUTE on its own params and chunks functions; nothing on agentdb.principals or principal_grants.
 --
 -- Global BM25 statistics (N = corpus_stats.n_chunks, df = term_stats.df, avgdl) stay shared across
 -- principals, as in Elasticsearch document-level security: a score then means the same thing whoever asks
 -- and the statistics need no per-principal copy that every write would have to maintain. The price is a
--- weak aggregate side channel (a term's document frequency over all rows can be inferred from scores).
--- Hits, texts, fields and every count in the diagnostics come from rows read under the role, so they
--- never include a row outside the filter.
+-- weak aggregate side channel: the document frequency over all rows of a term the caller names can be
+-- learnt (from scores, or from principal_term_stats), as can each source's chunk count and total length.
+-- Hits, texts, fields, postings and every count in the diagnostics come from rows read under the role,
+-- so they never include a row outside the filter.
+--
+-- Nothing here refers to a source table from another object that would depend on it (a view, a policy on
+-- another table): `drop table` of a source must keep working. Column privileges, the projection column
+-- and the policy belong to the table itself; the chunks function refers to it only in its body text and is
+-- rewritten when a source is released.
 
 -- The role of principal `principal_id` in this database. Roles are shared by the whole cluster while
 -- principals belong to one database, so the database oid keeps two agentdb databases apart.
@@ -73,17 +92,184 @@ begin
 end;
 $$;
 
--- Create the role of principal `principal_id` (a row of agentdb.principals whose sources exist) with
--- its grants, its params function and its policies. Runs in the caller's transaction.
-create or replace function agentdb.principal_install(principal_id int) returns void
+-- The name of principal `principal_id`'s chunks function, agentdb.principal_chunks_<id>(source_id): the ids
+-- of the chunks of that source which the calling role can read. LANGUAGE sql and not SECURITY DEFINER, so
+-- that the planner inlines it into the postings policy, where it reads the source table with the role's own
+-- column privileges and row security (one index probe per posting). Its body names the tables as text, so
+-- no dependency keeps a source table from being dropped; principal_install_postings rewrites it then.
+create or replace function agentdb.principal_chunks_function(principal_id int) returns text
+language sql immutable as $$
+select format('principal_chunks_%s', principal_id)
+$$;
+
+-- The id of the principal whose role is the current user, or null (the application, an analyst). The name's
+-- prefix is looked at first, so that a caller outside a principal's scope pays one string comparison.
+create or replace function agentdb.current_principal() returns int
+language plpgsql stable as $$
+begin
+    if left(current_user, 10) <> 'agentdb_p_' then
+        return null;
+    end if;
+    return (regexp_match(current_user, format('^agentdb_p_%s_(\d+)$',
+            (select oid from pg_database where datname = current_database()))))[1]::int;
+end;
+$$;
+
+-- The virtual generated column of a document table that holds only the metadata keys `keys` (sorted and
+-- distinct): its name and its generation expression, built from immutable built-in functions only (as
+-- PostgreSQL requires of a virtual column). A key missing from a row stays missing; a JSON null stays.
+-- Principals with the same metadata grant share the column; it stores nothing.
+create or replace function agentdb.metadata_projection(keys text[], out column_name text, out expr text)
+language sql immutable as $$
+select 'agentdb_meta_' || md5(array_to_string(keys, ',')),
+       coalesce(string_agg(format('coalesce(jsonb_set(''{}''::jsonb, %L::text[], metadata -> %L), ''{}''::jsonb)',
+                                  array[k], k), ' || ' order by n), '''{}''::jsonb')
+from unnest(keys) with ordinality u(k, n)
+$$;
+
+-- The columns of `src`'s table that a principal with field grant `fields` (null = every field) may read,
+-- besides a document table's metadata projection: the row key, the chunk position and the embedding
+-- always; title and text when granted; a document table's whole metadata without a field grant; a
+-- registered table's granted field columns and, with "text", its text columns.
+create or replace function agentdb.principal_columns(src agentdb.sources, fields text[]) returns text[]
+language sql immutable as $$
+select case when src.kind = 'documents' then
+    array['agentdb_chunk_id', 'doc_id', 'chunk', 'agentdb_embedding']
+    || case when fields is null or 'title' = any(fields) then array['title'] else '{}'::text[] end
+    || case when fields is null or 'text' = any(fields) then array['text'] else '{}'::text[] end
+    || case when fields is null then array['metadata'] else '{}'::text[] end
+else
+    array(select distinct c from unnest(
+        array[src.id_column, 'agentdb_chunk_id', 'agentdb_embedding']
+        || case when fields is null or 'text' = any(fields) then src.text_columns else '{}'::text[] end
+        || array(select f->>'column' from jsonb_array_elements(src.fields) f
+                 where f->>'column' is not null and (fields is null or f->>'name' = any(fields)))) c
+          order by c)
+end
+$$;
+
+-- The relation agentdb reads source `src` through for the current role: the table itself for anyone but a
+-- principal; for a principal's role, a subquery over the table (aliased t) with the table's usual columns
+-- (documents: agentdb_chunk_id, doc_id, chunk, title, text, agentdb_embedding, metadata; registered tables:
+-- the key, text and field columns, agentdb_chunk_id, agentdb_embedding) in which every column the role may
+-- not read is a typed null and `metadata` is the role's projection column ('{}' without one). Rows are left
+-- to the table's row security. The planner flattens the subquery, so indexes serve it as they serve the table.
+create or replace function agentdb.source_relation(src agentdb.sources) returns text
+language plpgsql stable as $$
+declare
+    rel regclass;
+    cols text;
+    meta text;
+begin
+    if agentdb.current_principal() is null then
+        return format('%I.%I', src.table_schema, src.table_name);
+    end if;
+    rel := to_regclass(format('%I.%I', src.table_schema, src.table_name));
+    if rel is null then
+        return format('%I.%I', src.table_schema, src.table_name);
+    end if;
+    select string_agg(case when has_column_privilege(rel, a.attnum, 'SELECT') then format('t.%I', a.attname)
+                           else format('null::%s as %I', format_type(a.atttypid, a.atttypmod), a.attname) end,
+                      ', ' order by a.attnum)
+    into cols
+    from pg_attribute a
+    where a.attrelid = rel and a.attnum > 0 and not a.attisdropped
+      and a.attname = any (case when src.kind = 'documents'
+                                then array['agentdb_chunk_id', 'doc_id', 'chunk', 'title', 'text', 'agentdb_embedding']
+                                else array[src.id_column, 'agentdb_chunk_id', 'agentdb_embedding'] || src.text_columns
+                                     || array(select f->>'column' from jsonb_array_elements(src.fields) f) end);
+    if src.kind = 'documents' then
+        meta := case when has_column_privilege(rel, 'metadata', 'SELECT') then 't.metadata'
+                     else coalesce((select format('t.%I', a.attname) from pg_attribute a
+                                    where a.attrelid = rel and a.attname like 'agentdb\_meta\_%' and not a.attisdropped
+                                      and has_column_privilege(rel, a.attnum, 'SELECT')
+                                    order by a.attnum limit 1), '''{}''::jsonb') end;
+        cols := cols || format(', %s as metadata', meta);
+    end if;
+    return format('(select %s from %I.%I t)', cols, src.table_schema, src.table_name);
+end;
+$$;
+
+-- Whether `row_filter` is the row filter of the principal whose role is active: its row security policies
+-- apply it already, so a read under the role need not (and, when it reads a field outside the field grant,
+-- could not) apply it again. SECURITY DEFINER over agentdb.principals, which the role cannot read; it tells
+-- the caller about its own filter only. The active role is the `role` setting (SET ROLE), which a role can
+-- only set to a role it is a member of.
+create or replace function agentdb.principal_row_filter_applies(row_filter jsonb) returns boolean
+language sql stable security definer set search_path = pg_catalog, pg_temp as $$
+select exists (select 1 from agentdb.principals p
+               where p.role = current_setting('role')::name and p.row_filter is not distinct from $1)
+$$;
+
+-- The term statistics of the named `terms` of source `source_id` (rows of agentdb.term_stats), for a
+-- principal's role, which cannot read agentdb.term_stats itself: a lookup and never a listing, so the role
+-- learns the document frequency of a term it names (as scores would tell it) but not the vocabulary of rows
+-- it cannot read. Empty unless the active role (the `role` setting, else the session user) may read a
+-- column of the source's table. SECURITY DEFINER.
+create or replace function agentdb.principal_term_stats(source_id int, terms text[]) returns setof agentdb.term_stats
+language sql stable security definer set search_path = pg_catalog, pg_temp as $$
+select ts.* from agentdb.term_stats ts
+where ts.source_id = $1 and ts.term = any ($2)
+  and exists (select 1 from agentdb.sources s
+              where s.id = $1
+                and has_any_column_privilege(coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
+                                             format('%I.%I', s.table_schema, s.table_name), 'SELECT'))
+$$;
+
+-- (Re)create principal `principal_id`'s chunks function and its restrictive policy on agentdb.postings for
+-- the sources in its table list now: the role sees a posting only when it can read the posting's chunk.
+-- Sources whose row filter lets every row through ("open") skip the per-posting probe while no restrictive
+-- policy is on their tables (checked once per statement, by table oid, which records no dependency): the
+-- role can then read every row, so every posting of the source is one of its chunks'.
+create or replace function agentdb.principal_install_postings(principal_id int) returns void
 language plpgsql as $$
 declare
     p agentdb.principals;
     src agentdb.sources;
     obj text := agentdb.principal_object(principal_id);
-    fn text := agentdb.principal_params_function(principal_id);
-    pol record;
+    fn text := agentdb.principal_chunks_function(principal_id);
+    branches text[] := '{}';
     source_ids int[] := '{}';
+    open_ids int[] := '{}';
+    open_tables oid[] := '{}';
+begin
+    select * into p from agentdb.principals where id = principal_id;
+    for src in select * from agentdb.sources s where s.name = any(p.tables) order by s.id loop
+        branches := branches || format('select t.agentdb_chunk_id from %I.%I t where $1 = %s',
+                                       src.table_schema, src.table_name, src.id);
+        source_ids := source_ids || src.id;
+        if (select expr from agentdb.principal_policy_sql(principal_id, src, p.row_filter)) = 'true' then
+            open_ids := open_ids || src.id;
+            open_tables := open_tables || format('%I.%I', src.table_schema, src.table_name)::regclass::oid;
+        end if;
+    end loop;
+    execute format('drop policy if exists %I on agentdb.postings', obj);
+    execute format($f$
+        create or replace function agentdb.%I(source_id int) returns table (visible_chunk bigint)
+        language sql stable as %L
+        $f$, fn, coalesce(nullif(array_to_string(branches, ' union all '), ''), 'select null::bigint where false'));
+    execute format('comment on function agentdb.%I(int) is %L', fn,
+                   format('chunks principal %s can read, for its policy on agentdb.postings', p.name));
+    execute format('revoke all on function agentdb.%I(int) from public', fn);
+    execute format('grant execute on function agentdb.%I(int) to %I', fn, p.role);
+    -- Source ids are never reused, so the lists need no update when a source is dropped.
+    execute format($f$
+        create policy %I on agentdb.postings as restrictive for select to %I
+        using (postings.source_id = any (%L::int[])
+               and ((postings.source_id = any (%L::int[])
+                     and not exists (select 1 from pg_catalog.pg_policy x
+                                     where x.polrelid = any (%L::oid[]) and not x.polpermissive))
+                    or exists (select 1 from agentdb.%I(postings.source_id) v where v.visible_chunk = postings.chunk_id)))
+        $f$, obj, p.role, source_ids, open_ids, open_tables, fn);
+end;
+$$;
+
+-- Create the role of principal `principal_id` (a row of agentdb.principals whose sources exist) with its
+-- grants, functions and policies (principal_grant). Runs in the caller's transaction.
+create or replace function agentdb.principal_install(principal_id int) returns void
+language plpgsql as $$
+declare
+    p agentdb.principals;
 begin
     select * into p from agentdb.principals where id = principal_id;
     if not found then
@@ -99,11 +285,31 @@ begin
             execute format('grant %I to %I', p.role, current_user);
         end if;
     end if;
+    perform agentdb.principal_grant(principal_id);
+end;
+$$;
+
+-- Give the existing role of principal `principal_id` what its reads need (see the top of this file): schema
+-- usage, the catalog tables, its params function, and per source the column privileges of its field grant,
+-- a document table's metadata projection column, row-level security with the row filter's policy; then
+-- the chunks function and the postings policy. Records install_version 2.
+create or replace function agentdb.principal_grant(principal_id int) returns void
+language plpgsql as $$
+declare
+    p agentdb.principals;
+    src agentdb.sources;
+    obj text := agentdb.principal_object(principal_id);
+    fn text := agentdb.principal_params_function(principal_id);
+    pol record;
+    proj record;
+    rel text;
+    keys text[];
+begin
+    select * into p from agentdb.principals where id = principal_id;
     execute format('grant usage on schema agentdb, agentdb_docs to %I', p.role);
-    execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats, agentdb.postings to %I',
-                   p.role);
+    execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.postings to %I', p.role);
     execute format($f$
-        create function agentdb.%I(source_id int) returns jsonb
+        create or replace function agentdb.%I(source_id int) returns jsonb
         language sql stable security definer set search_path = pg_catalog, pg_temp as
         $b$ select g.params from agentdb.principal_grants g where g.principal_id = %s and g.source_id = $1 $b$
         $f$, fn, principal_id);
@@ -113,27 +319,42 @@ begin
     execute format('grant execute on function agentdb.%I(int) to %I', fn, p.role);
 
     for src in select * from agentdb.sources s where s.name = any(p.tables) order by s.id loop
+        rel := format('%I.%I', src.table_schema, src.table_name);
         select * into pol from agentdb.principal_policy_sql(principal_id, src, p.row_filter);
         insert into agentdb.principal_grants (principal_id, source_id, params) values (principal_id, src.id, pol.params);
         execute format('grant usage on schema %I to %I', src.table_schema, p.role);
-        execute format('grant select on %I.%I to %I', src.table_schema, src.table_name, p.role);
-        if not (select relrowsecurity from pg_class where oid = format('%I.%I', src.table_schema, src.table_name)::regclass) then
-            execute format('alter table %I.%I enable row level security', src.table_schema, src.table_name);
-            insert into agentdb.rls_tables (relid) values (format('%I.%I', src.table_schema, src.table_name)::regclass)
-            on conflict do nothing;
+        execute format('grant select (%s) on %s to %I',
+                       (select string_agg(format('%I', c), ', ') from unnest(agentdb.principal_columns(src, p.fields)) c),
+                       rel, p.role);
+        keys := array(select distinct f from unnest(p.fields) f where f not in ('title', 'text') order by 1);
+        if src.kind = 'documents' and cardinality(keys) > 0 then
+            select * into proj from agentdb.metadata_projection(keys);
+            -- Kept when the last principal using it goes (it stores nothing): a dropped column's number is
+            -- never reused and a table has at most 1600, so dropping and re-adding it at every key rotation
+            -- would exhaust them.
+            if not exists (select 1 from pg_attribute
+                           where attrelid = rel::regclass and attname = proj.column_name and not attisdropped) then
+                execute format('alter table %s add column %I jsonb generated always as (%s) virtual',
+                               rel, proj.column_name, proj.expr);
+                execute format('comment on column %s.%I is %L', rel, proj.column_name,
+                               format('the metadata keys %s only, for principals granted just those fields', keys));
+            end if;
+            execute format('grant select (%I) on %s to %I', proj.column_name, rel, p.role);
         end if;
-        execute format('create policy %I on %I.%I as permissive for select to %I using (%s)',
-                       obj, src.table_schema, src.table_name, p.role, pol.expr);
-        source_ids := source_ids || src.id;
+        if not (select relrowsecurity from pg_class where oid = rel::regclass) then
+            execute format('alter table %s enable row level security', rel);
+            insert into agentdb.rls_tables (relid) values (rel::regclass) on conflict do nothing;
+        end if;
+        execute format('create policy %I on %s as permissive for select to %I using (%s)', obj, rel, p.role, pol.expr);
     end loop;
-    -- Source ids are never reused, so this list needs no update when a source is dropped.
-    execute format('create policy %I on agentdb.postings as restrictive for select to %I using (source_id = any (%L::int[]))',
-                   obj, p.role, source_ids);
+    perform agentdb.principal_install_postings(principal_id);
+    update agentdb.principals set install_version = 2 where id = principal_id;
 end;
 $$;
 
--- Take principal `principal_id`'s policy and grant off the table `schema_name.table_name` (when it still
--- exists), and turn row-level security off again when agentdb turned it on and no policy is left.
+-- Take principal `principal_id`'s policy and privileges (column privileges too) off the table
+-- `schema_name.table_name` (when it still exists), and turn row-level security off again when agentdb
+-- turned it on and no policy is left.
 create or replace function agentdb.principal_release_table(principal_id int, role_name name, schema_name text, table_name text)
 returns void language plpgsql as $$
 declare
@@ -155,10 +376,10 @@ begin
 end;
 $$;
 
--- Remove everything principal_install made for principal `principal_id`: policies, grants, the params
--- function and the role. The role is kept (with nothing left in this database) when another database
--- still holds privileges for it, e.g. a copy made with CREATE DATABASE ... TEMPLATE.
-create or replace function agentdb.principal_uninstall(principal_id int) returns void
+-- Remove what principal_grant gave principal `principal_id`, keeping its role: policies, privileges, its
+-- functions and filter values. Also removes what earlier versions granted (table-wide SELECT on its
+-- sources, SELECT on agentdb.term_stats), so that it serves re-installation too.
+create or replace function agentdb.principal_revoke(principal_id int) returns void
 language plpgsql as $$
 declare
     p agentdb.principals;
@@ -177,12 +398,11 @@ begin
     end loop;
     execute format('drop policy if exists %I on agentdb.postings', obj);
     execute format('drop function if exists agentdb.%I(int)', agentdb.principal_params_function(principal_id));
-    delete from agentdb.principal_grants g where g.principal_id = principal_uninstall.principal_id;
+    execute format('drop function if exists agentdb.%I(int)', agentdb.principal_chunks_function(principal_id));
+    delete from agentdb.principal_grants g where g.principal_id = principal_revoke.principal_id;
     if not exists (select 1 from pg_roles where rolname = p.role) then
         return;
     end if;
-    -- Revoke what principal_install granted; DROP OWNED also catches anything granted to the role by hand,
-    -- but needs the privileges of the role (always true for a superuser).
     execute format('revoke all on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats, agentdb.postings from %I',
                    p.role);
     for nsp in
@@ -191,6 +411,41 @@ begin
     loop
         execute format('revoke all on schema %I from %I', nsp, p.role);
     end loop;
+end;
+$$;
+
+-- Re-install principal `principal_id` with the current grants; its role, name and key stay.
+create or replace function agentdb.principal_reinstall(principal_id int) returns void
+language plpgsql as $$
+begin
+    if exists (select 1 from agentdb.principals p join pg_roles r on r.rolname = p.role where p.id = principal_id) then
+        perform agentdb.principal_revoke(principal_id);
+        perform agentdb.principal_grant(principal_id);
+    else
+        perform agentdb.principal_install(principal_id);
+    end if;
+end;
+$$;
+
+-- Remove everything principal_install made for principal `principal_id`: policies, privileges, its
+-- functions and the role. The role is kept (with nothing left in this database) when another database
+-- still holds privileges for it, e.g. a copy made with CREATE DATABASE ... TEMPLATE. A metadata projection
+-- column stays on its table (see principal_grant).
+create or replace function agentdb.principal_uninstall(principal_id int) returns void
+language plpgsql as $$
+declare
+    p agentdb.principals;
+begin
+    select * into p from agentdb.principals where id = principal_id;
+    if not found then
+        return;
+    end if;
+    perform agentdb.principal_revoke(principal_id);
+    if not exists (select 1 from pg_roles where rolname = p.role) then
+        return;
+    end if;
+    -- DROP OWNED also catches anything granted to the role by hand, but needs the privileges of the role
+    -- (always true for a superuser).
     if pg_has_role(current_user, p.role, 'USAGE') then
         execute format('drop owned by %I', p.role);
     end if;
@@ -202,8 +457,9 @@ begin
 end;
 $$;
 
--- When a source is removed, its principals lose it: policy, grant and filter values go, and the source's
--- name leaves their table lists (so a new source of the same name is not granted by accident).
+-- When a source is removed, its principals lose it: policy, privileges and filter values go, the source's
+-- name leaves their table lists (so a new source of the same name is not granted by accident), and their
+-- chunks functions and postings policies are rewritten without it.
 create or replace function agentdb.principal_release_source() returns trigger
 language plpgsql as $$
 declare
@@ -213,6 +469,7 @@ begin
         perform agentdb.principal_release_table(p.id, p.role, old.table_schema, old.table_name);
         delete from agentdb.principal_grants g where g.principal_id = p.id and g.source_id = old.id;
         update agentdb.principals set tables = array_remove(tables, old.name) where id = p.id;
+        perform agentdb.principal_install_postings(p.id);
     end loop;
     return null;
 end;
@@ -220,3 +477,16 @@ $$;
 
 create or replace trigger principals_release_source after delete on agentdb.sources
 for each row execute function agentdb.principal_release_source();
+
+-- Principals installed before the grants above (install_version < 2: table-wide SELECT on their sources, all
+-- postings of a source, the whole of agentdb.term_stats) are re-installed. migrate re-applies this file after
+-- the migrations, so this converts each database once (migration 0006 added the column).
+do $$
+declare
+    pid int;
+begin
+    for pid in select id from agentdb.principals where install_version < 2 order by id loop
+        perform agentdb.principal_reinstall(pid);
+    end loop;
+end;
+$$;

@@ -18,8 +18,10 @@
 --     With chunk_overlap = 0, or when no overlap is found, consecutive chunks are joined with one space;
 --     positions that are not consecutive (a neighbour missing or hidden by a filter) with ' … '.
 --   * Every neighbour read re-applies `filter` and `row_filter` (compiled like agentdb.retrieve's), and runs
---     under the caller's role, so row security hides what it hides from the search too. `fields`
---     projects the text as in agentdb.retrieve: without 'text' the merged hit carries no text.
+--     under the caller's role, so row security hides what it hides from the search too; a principal's role
+--     reads through agentdb.source_relation and its own row filter is applied by its row security, as in
+--     agentdb.retrieve. `fields` projects the text as in agentdb.retrieve: without 'text' the merged hit
+--     carries no text (and a role whose field grant lacks 'text' reads none).
 --   * expand_window = 1 changes nothing (no merging either); each hit only gains `chunks` = [chunk] and
 --     `hit_chunks` = [chunk]. Registered tables (one row per document) are returned the same way.
 --   * A hit none of whose window is readable is returned as it came, with `chunks` = [].
@@ -168,17 +170,23 @@ begin
     select * into r from agentdb.source_row_sql(src);
     select c.predicate, c.params into pred, pred_params
     from agentdb.compile_filter(src.fields, filter, '$2', r.doc_id, 'filter') c;
-    select c.predicate, c.params into row_pred, row_params
-    from agentdb.compile_filter(src.fields, row_filter, '$3', r.doc_id, 'row_filter') c;
+    if row_filter is not null and agentdb.current_principal() is not null
+       and agentdb.principal_row_filter_applies(row_filter) then
+        row_pred := 'true';
+        row_params := '[]'::jsonb;
+    else
+        select c.predicate, c.params into row_pred, row_params
+        from agentdb.compile_filter(src.fields, row_filter, '$3', r.doc_id, 'row_filter') c;
+    end if;
     dedup := src.chunk_overlap > 0;
 
     -- One read for every window: the readable chunks of each group, in document order.
     for r in execute format($q$
         select g.gid, c.chunk, c.text
         from jsonb_to_recordset($1) as g(gid int, id text, lo int, hi int)
-        join %I.%I c on c.doc_id = g.id and c.chunk between g.lo and g.hi
+        join %s c on c.doc_id = g.id and c.chunk between g.lo and g.hi
         where (%s) and (%s)
-        order by g.gid, c.chunk $q$, src.table_schema, src.table_name, pred, row_pred)
+        order by g.gid, c.chunk $q$, agentdb.source_relation(src), pred, row_pred)
         using groups, pred_params, row_params
     loop
         if cur_gid is distinct from r.gid then

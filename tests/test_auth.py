@@ -1,6 +1,6 @@
-"""Principals against a real PostgreSQL: keys, request-level checks, and row security enforced by the
-database itself (a query under the principal's role cannot see a row outside its filter, even without
-the application's WHERE)."""
+"""Principals against a real PostgreSQL: keys, request-level checks, and the grant enforced by the database
+itself: a query under the principal's role cannot see a row outside its filter, a field outside its field
+grant, or a posting of a chunk it cannot read, even without the application's WHERE and projection."""
 
 from __future__ import annotations
 
@@ -133,6 +133,57 @@ def _rls(conn: psycopg.Connection[Any], table: str) -> bool:
 
 def _allowed(rows: dict[str, dict[str, Any]], row_filter: dict[str, Any] | None) -> set[str]:
     return {doc_id for doc_id, meta in rows.items() if matches(FIELD_DICTS, row_filter, doc_id, meta)}
+
+
+def _refused(scoped: psycopg.Connection[Any], statement: str) -> bool:
+    """Whether `statement` fails for lack of privilege (in a savepoint, so the scope goes on)."""
+    try:
+        with scoped.transaction():
+            scoped.execute(statement)
+    except psycopg.errors.InsufficientPrivilege:
+        return True
+    return False
+
+
+def _postings(conn: psycopg.Connection[Any]) -> set[tuple[Any, ...]]:
+    """Every posting the connection's current role can read."""
+    return set(conn.execute("select source_id, term, chunk_id, tf, dl from agentdb.postings").fetchall())
+
+
+def _postings_of(conn: psycopg.Connection[Any], source: str, doc_ids: set[str]) -> set[tuple[Any, ...]]:
+    """The postings of the chunks of documents `doc_ids` of document source `source`, read as the owner."""
+    src = get_source(conn, source)
+    query = sql.SQL(
+        "select p.source_id, p.term, p.chunk_id, p.tf, p.dl from agentdb.postings p"
+        " join {} c on c.agentdb_chunk_id = p.chunk_id where p.source_id = %s and c.doc_id = any(%s)"
+    ).format(src.table)
+    return set(conn.execute(query, (src.id, sorted(doc_ids))).fetchall())
+
+
+def _visible(scoped: psycopg.Connection[Any], source: str) -> dict[tuple[str, int], tuple[Any, ...]]:
+    """(doc id, chunk) -> (title, text, metadata) of every row the role reads through agentdb.source_relation."""
+    relation = _one(
+        scoped, "select agentdb.source_relation(s) from agentdb.sources s where s.name = %s", (source,)
+    )
+    query = sql.SQL("select doc_id, chunk, title, text, metadata from {} c").format(sql.SQL(relation))
+    return {(r[0], r[1]): (r[2], r[3], r[4]) for r in scoped.execute(query)}
+
+
+def _projected(
+    conn: psycopg.Connection[Any], source: str, doc_ids: set[str], grant: list[str] | None
+) -> dict[tuple[str, int], tuple[Any, ...]]:
+    """The oracle for _visible: the rows of `doc_ids` read as the owner, projected to the field grant."""
+    query = sql.SQL("select doc_id, chunk, title, text, metadata from {} where doc_id = any(%s)").format(
+        get_source(conn, source).table
+    )
+    return {
+        (r[0], r[1]): (
+            r[2] if grant is None or "title" in grant else None,
+            r[3] if grant is None or "text" in grant else None,
+            r[4] if grant is None else {k: v for k, v in r[4].items() if k in grant},
+        )
+        for r in conn.execute(query, (sorted(doc_ids),))
+    }
 
 
 # Creating, listing, deleting --------------------------------------------------------------------------
@@ -343,8 +394,14 @@ def test_check_table_fields_tool(conn: psycopg.Connection[Any], corpus: dict[str
     with pytest.raises(Forbidden) as err:
         check_filter(conn, narrow, docs, {"$and": [{"year": 1}, {"status": "beta"}]})
     assert err.value.path == "filter.$and[1].status"
-    with pytest.raises(InvalidParamValue):  # invalid for the source at all: 3007, not 403
+    # Under a field grant a field that does not exist answers like a hidden one (403), so that the answer
+    # does not tell hidden fields apart; without a grant it is 3007. Other invalid filters are 3007 too.
+    with pytest.raises(Forbidden):
         check_filter(conn, narrow, docs, {"nope": 1})
+    with pytest.raises(InvalidParamValue):
+        check_filter(conn, wide, docs, {"nope": 1})
+    with pytest.raises(InvalidParamValue):
+        check_filter(conn, narrow, docs, {"year": {"$gt": "x"}})
 
 
 # Database-level enforcement ----------------------------------------------------------------------------------
@@ -423,6 +480,9 @@ def test_dropping_a_source_releases_it(conn: psycopg.Connection[Any], corpus: di
     create_document_source(conn, "other", embedding_model="m", embedding_dim=DIM)
     with pytest.raises(psycopg.errors.InsufficientPrivilege), principal_scope(conn, listed) as scoped:
         scoped.execute("select * from agentdb_docs.other")
+    # Its postings policy was rewritten without the dropped table: the docs postings still read.
+    with principal_scope(conn, listed) as scoped:
+        assert _postings(scoped) == _postings_of(conn, "docs", set(DOC_IDS))
 
 
 def test_registered_table(conn: psycopg.Connection[Any], db_url: str) -> None:
@@ -449,8 +509,30 @@ def test_registered_table(conn: psycopg.Connection[Any], db_url: str) -> None:
         conn, "alice", tables=["products"], row_filter={"tenant": "acme"}, fields=["text", "tenant"]
     )
     acme = {str(g) for g in range(1, 13) if g % 3 == 0}
+    products = get_source(conn, "products")
+    acme_postings = set(
+        conn.execute(
+            "select p.source_id, p.term, p.chunk_id, p.tf, p.dl from agentdb.postings p"
+            " join shop.products c on c.agentdb_chunk_id = p.chunk_id where p.source_id = %s and c.tenant = 'acme'",
+            (products.id,),
+        ).fetchall()
+    )
     with principal_scope(conn, alice) as scoped:
         assert {str(r[0]) for r in scoped.execute("select id from shop.products")} == acme
+        assert {r[0] for r in scoped.execute("select body || tenant from shop.products")} == {
+            f"wal archive {g}acme" for g in acme
+        }
+        # price is a field outside the grant: its column is not readable, and null in the relation.
+        assert _refused(scoped, "select price from shop.products")
+        assert _refused(scoped, "select * from shop.products")
+        relation = _one(
+            scoped, "select agentdb.source_relation(s) from agentdb.sources s where s.name = 'products'"
+        )
+        rows = scoped.execute(
+            sql.SQL("select id, tenant, price from {} c").format(sql.SQL(relation))
+        ).fetchall()
+        assert {(str(r[0]), r[1], r[2]) for r in rows} == {(g, "acme", None) for g in acme}
+        assert _postings(scoped) == acme_postings
         result = retrieve(
             scoped, "products", "wal archive", mode="lexical", top_k=20, fields=check_fields(alice, None)
         )
@@ -465,6 +547,211 @@ def test_registered_table(conn: psycopg.Connection[Any], db_url: str) -> None:
         "select 1 from information_schema.role_table_grants where grantee = %s and table_schema = 'shop'",
         (alice.role,),
     ).fetchone()
+
+
+TENANT_FIELDS = [FieldSpec(name="tenant", type="string"), FieldSpec(name="secret", type="string")]
+TENANTS = ("acme", "umbrella", "initech")
+
+
+@pytest.fixture
+def tenants(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """Source `tenants`: 30 documents of 3 chunks, each of one tenant with a secret. Returns doc id -> tenant."""
+    create_document_source(conn, "tenants", embedding_model="m", embedding_dim=DIM, fields=TENANT_FIELDS)
+    rng = random.Random(8)
+    nprng = np.random.default_rng(8)
+    owners = {f"t{i:02d}": TENANTS[i % 3] for i in range(30)}
+    with conn.cursor() as cur:
+        cur.executemany(
+            "insert into agentdb_docs.tenants (doc_id, chunk, title, text, metadata, agentdb_embedding)"
+            " values (%s, %s, %s, %s, %s, %s)",
+            [
+                (
+                    doc_id,
+                    chunk,
+                    f"title {doc_id}",
+                    " ".join(rng.sample(WORDS, 3)) + f" {tenant}word{chunk}",
+                    Jsonb({"tenant": tenant, "secret": f"secret of {doc_id}"}),
+                    _unit(nprng),
+                )
+                for doc_id, tenant in owners.items()
+                for chunk in range(3)
+            ],
+        )
+    return owners
+
+
+def test_the_role_reads_neither_hidden_fields_nor_other_rows_postings(
+    conn: psycopg.Connection[Any], corpus: dict[str, Any], tenants: dict[str, str]
+) -> None:
+    """The attack of the issue: under the role of a reader with row filter {"tenant": "acme"} and fields
+    title, text, tenant, `select metadata->>'secret'` read acme's secrets and `select * from
+    agentdb.postings` every tenant's postings (enough to rebuild their bags of words). Now the metadata
+    column is refused (the role reads the projection of its grant), the postings are those of acme's
+    chunks only, and term statistics are a lookup of named terms, not a vocabulary listing."""
+    reader, _ = create_principal(
+        conn, "reader", tables=["tenants"], row_filter={"tenant": "acme"}, fields=["title", "text", "tenant"]
+    )
+    acme = {d for d, t in tenants.items() if t == "acme"}
+    src = get_source(conn, "tenants")
+    with principal_scope(conn, reader) as scoped:
+        for statement in (
+            "select metadata->>'secret' from agentdb_docs.tenants",
+            "select metadata from agentdb_docs.tenants",
+            "select * from agentdb_docs.tenants",
+            "select agentdb_tsv from agentdb_docs.tenants",
+            "select * from agentdb.term_stats",
+            "select term from agentdb.term_stats where source_id = 1",
+        ):
+            assert _refused(scoped, statement), statement
+        assert {r[0] for r in scoped.execute("select distinct doc_id from agentdb_docs.tenants")} == acme
+        postings = _postings(scoped)
+        visible = _visible(scoped, "tenants")
+        stats = set(
+            scoped.execute(
+                "select term, df from agentdb.principal_term_stats(%s, %s)",
+                (src.id, ["acmeword0", "umbrellaword1", "wal", "zebra"]),
+            ).fetchall()
+        )
+        # agentdb.similar reads the stored vector through the role's relation too.
+        similar = {r[0] for r in scoped.execute("select id from agentdb.similar('tenants', 't00', 30)")}
+        assert similar and similar <= acme - {"t00"}
+        # A source the role may not read gives no statistics at all.
+        other = get_source(conn, "other").id
+        assert not scoped.execute(
+            "select * from agentdb.principal_term_stats(%s, %s)", (other, ["wal"])
+        ).fetchall()
+    assert postings == _postings_of(conn, "tenants", acme)
+    assert {p[1] for p in postings} >= {"acmeword0"} and not {p[1] for p in postings} & {"umbrellaword0"}
+    assert visible == _projected(conn, "tenants", acme, ["title", "text", "tenant"])
+    assert all(meta == {"tenant": "acme"} for _, _, meta in visible.values())
+    # Global statistics stay global (the documented trade-off), for the named terms only.
+    assert stats == set(
+        conn.execute(
+            "select term, df from agentdb.term_stats where source_id = %s and term = any(%s)",
+            (src.id, ["acmeword0", "umbrellaword1", "wal", "zebra"]),
+        ).fetchall()
+    )
+    assert {t for t, _ in stats} == {"acmeword0", "umbrellaword1", "wal"}
+
+
+def test_postings_of_a_principal_without_row_filter(
+    conn: psycopg.Connection[Any], corpus: dict[str, Any]
+) -> None:
+    """A principal whose row filter lets every row through reads every posting of its sources without a
+    probe per posting; a restrictive policy added to the table by hand narrows its postings with its rows."""
+    everyone, _ = create_principal(conn, "everyone", tables=["docs"], fields=["text"])
+    with principal_scope(conn, everyone) as scoped:
+        assert _postings(scoped) == _postings_of(conn, "docs", set(DOC_IDS))
+    conn.execute(
+        "create policy not_d01 on agentdb_docs.docs as restrictive for select to public using (doc_id <> 'd01')"
+    )
+    with principal_scope(conn, everyone) as scoped:
+        assert {r[0] for r in scoped.execute("select doc_id from agentdb_docs.docs")} == set(DOC_IDS) - {
+            "d01"
+        }
+        assert _postings(scoped) == _postings_of(conn, "docs", set(DOC_IDS) - {"d01"})
+    conn.execute("drop policy not_d01 on agentdb_docs.docs")
+
+
+def test_the_role_reads_only_its_fields(
+    conn: psycopg.Connection[Any], corpus: dict[str, dict[str, Any]]
+) -> None:
+    """Column privileges follow the field grant: title and text when granted, of the metadata only the
+    granted keys (a shared virtual column), the whole metadata only without a grant."""
+    row_filter = {"year": {"$gte": 5}}
+    allowed = _allowed(corpus, row_filter)
+    grants: list[list[str] | None] = [["year", "tags"], ["title", "text"], ["tags", "year", "text"], None, []]
+    for i, grant in enumerate(grants):
+        principal, _ = create_principal(conn, f"f{i}", tables=["docs"], row_filter=row_filter, fields=grant)
+        with principal_scope(conn, principal) as scoped:
+            refused = {
+                column: _refused(scoped, f"select {column} from agentdb_docs.docs")  # noqa: S608 - constant
+                for column in ("doc_id", "title", "text", "metadata", "agentdb_tsv")
+            }
+            assert refused == {
+                "doc_id": False,
+                "title": grant is not None and "title" not in grant,
+                "text": grant is not None and "text" not in grant,
+                "metadata": grant is not None,
+                "agentdb_tsv": True,
+            }, grant
+            visible = _visible(scoped, "docs")
+        assert visible == _projected(conn, "docs", allowed, grant), grant
+    # One projection column per set of metadata keys, shared: ["year", "tags"] and ["tags", "year", "text"].
+    projections = conn.execute(
+        "select count(*) from pg_attribute where attrelid = 'agentdb_docs.docs'::regclass"
+        " and attname like 'agentdb\\_meta\\_%' and not attisdropped"
+    ).fetchone()
+    assert projections == (1,)
+
+
+def test_expansion_and_document_fetch_under_the_role(
+    conn: psycopg.Connection[Any], corpus: dict[str, Any], tenants: dict[str, str]
+) -> None:
+    """Neighbour expansion and the document fetch read through the role's relation: windows only over its
+    rows (its row filter reads a field outside its grant), no text without "text", no hidden key."""
+    from agentdb.api.documents import get_document
+    from agentdb.expansion import expand
+
+    acme = sorted(d for d, t in tenants.items() if t == "acme")
+    hits = [{"id": acme[0], "chunk": 1, "rank": 1}, {"id": "t01", "chunk": 1, "rank": 2}]  # t01 is umbrella's
+    for grant, with_text in ((["title"], False), (["text", "secret"], True)):
+        principal, _ = create_principal(
+            conn, f"x{int(with_text)}", tables=["tenants"], row_filter={"tenant": "acme"}, fields=grant
+        )
+        fields = check_fields(principal, None)
+        with principal_scope(conn, principal) as scoped:
+            expanded = expand(scoped, "tenants", hits, 3, row_filter=principal.row_filter, fields=fields)
+        assert [h.chunks for h in expanded] == [[0, 1, 2], []]
+        assert (expanded[0].text is not None) == with_text
+        if with_text:
+            assert "acmeword0" in (expanded[0].text or "") and "acmeword2" in (expanded[0].text or "")
+        document = get_document("tenants", acme[0], conn, principal)
+        assert [c["chunk"] for c in document.chunks] == [0, 1, 2]
+        assert all((c["text"] is not None) == with_text for c in document.chunks)
+        assert document.metadata == ({"secret": f"secret of {acme[0]}"} if with_text else {})
+        with pytest.raises(StorageFileNotFound):
+            get_document("tenants", "t01", conn, principal)
+
+
+def test_migrate_converts_principals_installed_before(
+    conn: psycopg.Connection[Any], corpus: dict[str, Any], tenants: dict[str, str]
+) -> None:
+    """A principal installed by the earlier grants (table-wide SELECT, every postings row of its sources, all
+    of agentdb.term_stats) is re-installed by migrate, keeping its role and key."""
+    from agentdb.db.migrate import migrate
+
+    reader, key = create_principal(
+        conn, "reader", tables=["tenants"], row_filter={"tenant": "acme"}, fields=["title", "text", "tenant"]
+    )
+    # What the earlier install left: broad grants, a postings policy by source only, no recorded version.
+    conn.execute(
+        sql.SQL(
+            "grant select on agentdb_docs.tenants, agentdb.term_stats to {role};"
+            " drop policy {obj} on agentdb.postings;"
+            " create policy {obj} on agentdb.postings as restrictive for select to {role}"
+            " using (source_id = any (array[{sid}]));"
+            " update agentdb.principals set install_version = 0"
+        ).format(
+            role=sql.Identifier(reader.role),
+            obj=sql.Identifier(f"agentdb_p_{reader.id}"),
+            sid=sql.Literal(get_source(conn, "tenants").id),
+        )
+    )
+    with principal_scope(conn, reader) as scoped:
+        assert not _refused(scoped, "select metadata from agentdb_docs.tenants")
+        assert len(_postings(scoped)) > len(
+            _postings_of(conn, "tenants", {d for d, t in tenants.items() if t == "acme"})
+        )
+    assert migrate(conn) == []
+    assert _one(conn, "select install_version from agentdb.principals where id = %s", (reader.id,)) == 2
+    assert authenticate(conn, f"Bearer {key}") == reader
+    with principal_scope(conn, reader) as scoped:
+        assert _refused(scoped, "select metadata from agentdb_docs.tenants")
+        assert _refused(scoped, "select * from agentdb.term_stats")
+        assert _postings(scoped) == _postings_of(
+            conn, "tenants", {d for d, t in tenants.items() if t == "acme"}
+        )
 
 
 # Through agentdb.retrieve -------------------------------------------------------------------------------------
@@ -579,6 +866,10 @@ def test_no_hit_field_or_count_outside_the_row_filter(
         fields = check_fields(principal, None)
         with principal_scope(conn, principal) as scoped:
             seen = {r[0] for r in scoped.execute("select doc_id from agentdb_docs.docs")}
+            # The role reads exactly the oracle's rows, postings and granted fields.
+            assert _refused(scoped, "select metadata from agentdb_docs.docs") == (grant is not None)
+            assert _postings(scoped) == _postings_of(conn, "docs", allowed)
+            visible = _visible(scoped, "docs")
             scoped.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed_postings,))
             result = retrieve(
                 scoped,
@@ -591,6 +882,7 @@ def test_no_hit_field_or_count_outside_the_row_filter(
                 fields=fields,
             )
         assert seen == allowed
+        assert visible == _projected(conn, "docs", allowed, grant)
         _check_result(result, mode, allowed, _lexical_matches(conn, query), _embedded(conn), fields)
     finally:
         delete_principal(conn, principal.name)

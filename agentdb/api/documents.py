@@ -211,19 +211,33 @@ def get_document(
     doc_id_sql, chunk_sql, title_sql, body_sql, metadata_sql = (sql.SQL(part) for part in shape)
     row_filter = caller.row_filter if caller else None
     predicate, params = compile_filter(conn, source, row_filter, "%(row_params)s::jsonb", "row_filter")
-    query = sql.SQL(
-        "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
-        " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
-    ).format(
-        doc=doc_id_sql,
-        chunk=chunk_sql,
-        title=title_sql,
-        body=body_sql,
-        meta=metadata_sql,
-        table=source.table,
-        predicate=sql.SQL(predicate),
-    )
     with read_scope(conn, caller):
+        table: sql.Composable = source.table
+        if caller is not None:
+            # The principal's role reads the relation agentdb.source_relation gives it (columns outside its
+            # field grant are null), and its row security applies its row filter already; the filter is
+            # applied here again only if it were not the role's own (agentdb.retrieve does the same).
+            scoped = conn.execute(
+                "select agentdb.source_relation(s), agentdb.principal_row_filter_applies(%s)"
+                " from agentdb.sources s where s.name = %s",
+                (None if row_filter is None else Jsonb(row_filter), name),
+            ).fetchone()
+            assert scoped is not None
+            table = sql.SQL(scoped[0])
+            if scoped[1]:
+                predicate, params = "true", []
+        query = sql.SQL(
+            "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
+            " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
+        ).format(
+            doc=doc_id_sql,
+            chunk=chunk_sql,
+            title=title_sql,
+            body=body_sql,
+            meta=metadata_sql,
+            table=table,
+            predicate=sql.SQL(predicate),
+        )
         rows = conn.execute(query, {"doc_id": doc_id, "row_params": Jsonb(params)}).fetchall()
     if not rows:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
