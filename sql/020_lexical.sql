@@ -2,6 +2,10 @@
 -- triggers (argument: the source id) keep agentdb.postings, term_stats and corpus_stats equal to the
 -- rows in the same transaction, whoever writes the table (agentdb's ingestion or another program).
 
+-- The trigger functions run with their owner's rights (SECURITY DEFINER): whoever may write a source
+-- table (a principal's writer role, another program writing a registered table) keeps its index current
+-- without any privilege on the index tables themselves. Trigger functions cannot be called directly.
+
 -- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
 -- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
@@ -42,7 +46,7 @@ select array[
 $$;
 
 create or replace function agentdb.lexical_after_insert() returns trigger
-language plpgsql as $$
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
@@ -83,7 +87,7 @@ select array[
 $$;
 
 create or replace function agentdb.lexical_after_delete() returns trigger
-language plpgsql as $$
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
@@ -97,7 +101,7 @@ $$;
 -- An update whose lexemes changed is a removal of the old version and an addition of the new one.
 -- (Transition tables cannot be combined with UPDATE OF column lists, hence the comparison here.)
 create or replace function agentdb.lexical_after_update() returns trigger
-language plpgsql as $$
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
@@ -117,7 +121,7 @@ $$;
 
 -- TRUNCATE of a source table empties its lexical index too.
 create or replace function agentdb.lexical_truncate() returns trigger
-language plpgsql as $$
+language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     src int := TG_ARGV[0]::int;
 begin

@@ -346,6 +346,21 @@ begin
             insert into agentdb.rls_tables (relid) values (rel::regclass) on conflict do nothing;
         end if;
         execute format('create policy %I on %s as permissive for select to %I using (%s)', obj, rel, p.role, pol.expr);
+        -- A writer (the `ingest` tool) inserts and deletes chunks of a document table under the same row
+        -- filter, and writes only the metadata keys of its field grant (title and text only when granted).
+        if 'ingest' = any(p.tools) and src.kind = 'documents' then
+            execute format('grant insert (%s), delete on %s to %I',
+                           (select string_agg(format('%I', c), ', ') from unnest(array['doc_id', 'chunk', 'metadata', 'agentdb_embedding']
+                               || array(select f from unnest(array['title', 'text']) f where p.fields is null or f = any(p.fields))) c),
+                           rel, p.role);
+            execute format('create policy %I on %s as permissive for insert to %I with check (%s and %s)',
+                           obj || '_insert', rel, p.role, pol.expr,
+                           case when p.fields is null then 'true'
+                                else format('not exists (select 1 from jsonb_object_keys(%s.metadata) k where k <> all (%L::text[]))',
+                                            rel, keys) end);
+            execute format('create policy %I on %s as permissive for delete to %I using (%s)',
+                           obj || '_delete', rel, p.role, pol.expr);
+        end if;
     end loop;
     perform agentdb.principal_install_postings(principal_id);
     update agentdb.principals set install_version = 2 where id = principal_id;
@@ -365,6 +380,8 @@ begin
         return;
     end if;
     execute format('drop policy if exists %I on %s', agentdb.principal_object(principal_id), rel);
+    execute format('drop policy if exists %I on %s', agentdb.principal_object(principal_id) || '_insert', rel);
+    execute format('drop policy if exists %I on %s', agentdb.principal_object(principal_id) || '_delete', rel);
     if exists (select 1 from pg_roles where rolname = role_name) then
         execute format('revoke all on %s from %I', rel, role_name);
     end if;

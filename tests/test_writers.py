@@ -115,3 +115,36 @@ def test_writes_stay_inside_the_row_filter_and_field_grant(writer: Any) -> None:
     assert (
         client.post("/sources/new/documents", json=[{"_id": "z", "text": "x"}], headers=w).status_code == 403
     )
+
+
+def test_the_database_role_enforces_the_same_limits_on_writes(writer: Any) -> None:
+    """Under the writer's own role (what the HTTP writes run as), bypassing every application check."""
+    import psycopg
+    from psycopg import sql
+
+    _, _, conn = writer
+    role = conn.execute("select role from agentdb.principals where name = 'w'").fetchone()[0]
+    insert = "insert into agentdb_docs.t (doc_id, chunk, title, text, metadata) values (%s, 0, 'x', 'wal archive', %s)"
+
+    def as_writer(statement: str, params: tuple[Any, ...]) -> list[Any]:
+        with conn.transaction():
+            conn.execute(sql.SQL("set local role {}").format(sql.Identifier(role)))
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    for metadata in ({"tenant": "globex"}, {"tenant": "acme", "secret": "x"}):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            as_writer(insert, ("n2", Jsonb(metadata)))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no SELECT: RETURNING a hidden column
+        as_writer(
+            "insert into agentdb_docs.t (doc_id, chunk, text, metadata) values ('n3', 0, 'x', '{}') returning metadata",
+            (),
+        )
+    as_writer(insert, ("n1", Jsonb({"tenant": "acme"})))
+    assert stored(conn, "n1") == [({"tenant": "acme"},)]
+    assert as_writer("delete from agentdb_docs.t where doc_id = %s returning doc_id", ("g1",)) == []
+    assert stored(conn, "g1") != []
+    assert as_writer("delete from agentdb_docs.t where doc_id = %s returning doc_id", ("n1",)) == [("n1",)]
+    # the index triggers ran with their owner's rights: postings and statistics still match the documents
+    check = conn.execute("select * from agentdb.lexical_check('t')").fetchall()
+    assert all(row[-1] == 0 for row in check), check

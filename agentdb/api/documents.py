@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agentdb.agent import read_scope
 from agentdb.api.deps import connection, principal
-from agentdb.auth import Principal, check_fields, check_table, check_tool
+from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.filters import compile_filter
@@ -171,6 +172,8 @@ async def add_documents(
         progress=False,
         create=caller is None,
         check=None if caller is None else writes_allowed(conn, caller),
+        # the database enforces the same limits: a principal's batches are written under its role
+        write_scope=None if caller is None else partial(principal_scope, conn, caller),
     )
     return IngestOut(
         documents=report.documents,
@@ -267,15 +270,11 @@ def delete_document(
         raise StorageKindMismatch(
             f"source {name!r} is a registered table: remove its rows in the table itself", path="source"
         )
-    # A principal deletes only documents it can read; others answer 404 as if absent.
-    predicate, params = (
-        _row_filter_sql(conn, source, caller) if caller is not None else (sql.SQL("true"), Jsonb([]))
-    )
-    gone = conn.execute(
-        sql.SQL("delete from {} c where c.doc_id = %(doc_id)s and ({}) returning c.doc_id").format(
-            source.table, predicate
-        ),
-        {"doc_id": doc_id, "row_params": params},
-    ).fetchall()
+    # A principal deletes under its role, whose row security (its delete policy) admits only the documents
+    # it can read; any other answers 404 as if absent.
+    with read_scope(conn, caller):
+        gone = conn.execute(
+            sql.SQL("delete from {} where doc_id = %s returning doc_id").format(source.table), (doc_id,)
+        ).fetchall()
     if not gone:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")

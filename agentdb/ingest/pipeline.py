@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,11 +277,17 @@ def write_documents(
     batch_size: int = 64,
     progress: bool = True,
     report: IngestReport | None = None,
+    write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> IngestReport:
-    """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole."""
+    """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole.
+    With `write_scope` (a principal's role: its row-level security applies) each batch is written inside
+    that scope, with INSERT, since PostgreSQL refuses COPY FROM under row-level security."""
     report = report or IngestReport()
     _check_embedder(source, documents, embedder)
     delete = sql.SQL("delete from {} where doc_id = any(%s) returning doc_id").format(source.table)
+    insert = sql.SQL(
+        "insert into {} (doc_id, chunk, title, text, metadata, agentdb_embedding) values (%s, %s, %s, %s, %s, %s)"
+    ).format(source.table)
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
     try:
         for batch in _batches(documents, batch_size):
@@ -314,11 +321,14 @@ def write_documents(
                 report.embed_seconds += time.perf_counter() - started
                 for index, vector in zip(to_embed, vectors, strict=True):
                     rows[index] = (*rows[index][:5], vector)
-            with conn.transaction():
+            with write_scope() if write_scope is not None else conn.transaction():
                 with conn.cursor() as cur:
                     cur.execute(delete, ([d.doc_id for d in batch],))
                     report.replaced += len({r[0] for r in cur.fetchall()})
-                    copy_chunks(cur, source, rows)
+                    if write_scope is None:
+                        copy_chunks(cur, source, rows)
+                    else:
+                        cur.executemany(insert, rows)
             report.documents += len(batch)
             report.chunks += len(rows)
             bar.update(len(batch))
@@ -342,10 +352,12 @@ def ingest(
     chunk_size: int = 256,
     chunk_overlap: int = 32,
     check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
+    write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> IngestReport:
     """Ingest `records` into the document source `source_name` (created on first use when `create`).
     `skip_bad_option` is how the caller names skip_bad in hints. `check` sees the existing source, the validated documents and the new fields before anything is
-    written, and may refuse them (a writer's permissions)."""
+    written, and may refuse them (a writer's permissions); `write_scope` is where the batches are written
+    (see write_documents)."""
     started = time.perf_counter()
     mapping = mapping or FieldMap()
     source: Source | None
@@ -399,7 +411,9 @@ def ingest(
     _check_embedder(source, documents, embedder)
     with conn.transaction():
         source = add_fields(conn, source, new_fields)
-    write_documents(conn, source, documents, embedder, progress=progress, report=report)
+    write_documents(
+        conn, source, documents, embedder, progress=progress, report=report, write_scope=write_scope
+    )
     if report.chunks >= ANALYZE_AFTER_CHUNKS:
         analyze_source(conn, source)
     report.seconds = time.perf_counter() - started
