@@ -502,8 +502,26 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from agentdb.api import create_app
 
     settings = _settings(args)
+    check_port_free(settings.host, settings.port)
     print(f"agentdb serving on http://{settings.host}:{settings.port} (OpenAPI at /docs)", file=sys.stderr)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One clear error before anything starts when the address is taken (uvicorn would say so only after
+    the database, migrations and the model were set up, and after we printed "serving on")."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise InvalidParamValue(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}",
+            path="port",
+            hint="another program (perhaps another agentdb serve) uses it: stop it, or pass --port",
+        ) from None
 
 
 def cmd_pack_export(args: argparse.Namespace) -> None:
@@ -543,6 +561,9 @@ def cmd_pack_import(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from agentdb.sources import list_sources
 
+    if not args.no_serve:  # before the load, not after it
+        settings = _settings(args)
+        check_port_free(settings.host, settings.port)
     with _connect(args, migrate_schema=True) as conn:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)

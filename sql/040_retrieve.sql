@@ -509,7 +509,7 @@ create or replace function agentdb.search(
     source text,
     query text,
     query_embedding vector default null,
-    mode text default 'hybrid',
+    mode text default null,
     top_k int default 10,
     rrf_k int default 60,
     threshold float8 default 0.5,
@@ -518,13 +518,23 @@ create or replace function agentdb.search(
     id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
     rank_dense int, rank_sparse int, text text, metadata jsonb
 )
-language sql as $$
+language plpgsql as $$
+#variable_conflict use_column
+begin
+    -- Without a mode: hybrid when a query vector is given, else lexical (a plain SQL call has no embedder).
+    if mode is null and query_embedding is null then
+        raise notice 'agentdb.search: no query_embedding, so mode => ''lexical''; pass a vector from the source''s model for hybrid';
+    end if;
+    return query
     select h.id, h.chunk, h.rank, h.score, h.distance, h.bm25_score, h.rank_dense, h.rank_sparse, h.text, h.metadata
     from jsonb_to_recordset(
-        agentdb.retrieve(source, query, query_embedding, mode, top_k, rrf_k, threshold, filter) -> 'hits'
+        agentdb.retrieve(source, query, query_embedding,
+                         coalesce(mode, case when query_embedding is null then 'lexical' else 'hybrid' end),
+                         top_k, rrf_k, threshold, filter) -> 'hits'
     ) as h(id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
            rank_dense int, rank_sparse int, text text, metadata jsonb)
     order by h.rank;
+end;
 $$;
 
 -- Documents similar to a stored one, by its stored vector (chunk 0); needs no model. The document itself

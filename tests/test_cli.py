@@ -532,3 +532,15 @@ def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
     assert listed[0]["fields"][0]["name"] == "code" and listed[0]["fields"][0]["type"] == "string"
     bad = run(["ingest", "codes", str(path), "--field", "code"], db_url, check=False)
     assert bad.returncode == 2 and "NAME:TYPE" in bad.stderr
+
+
+def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command in (["serve"], ["demo"]):
+            result = run([*command, "--port", str(port)], db_url, check=False, timeout=120)
+            assert result.returncode == 2
+            assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "serving on" not in result.stderr
+            assert "loading" not in result.stderr and "Traceback" not in result.stderr
