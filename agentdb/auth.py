@@ -19,7 +19,7 @@ import hmac
 import re
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,6 +382,11 @@ def principal_scope(conn: psycopg.Connection[Any], principal: Principal) -> Iter
             conn.execute(sql.SQL("set local role {}").format(sql.Identifier(previous)))
 
 
+def read_scope(conn: psycopg.Connection[Any], principal: Principal | None) -> AbstractContextManager[Any]:
+    """Every read of a principal runs under its database role (grants and row security); none in local dev."""
+    return principal_scope(conn, principal) if principal is not None else nullcontext(conn)
+
+
 __all__ = [
     "TOOLS",
     "Principal",
@@ -395,5 +400,6 @@ __all__ = [
     "delete_principal",
     "list_principals",
     "principal_scope",
+    "read_scope",
     "visible_source",
 ]

@@ -21,8 +21,6 @@ import psycopg
 from agentdb.config import Settings
 from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error, is_outage
 
-log = logging.getLogger("agentdb")
-
 DEMO_SOURCE = "pgdocs"
 DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdocs.jsonl.gz"
 DEMO_PACK = DEMO_FILE.with_name("pgdocs.pack.parquet")
@@ -417,7 +415,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> None:
-    from agentdb.retrieval import run_sql
+    from agentdb.db import run_sql
 
     with _connect(args) as conn:
         rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})

@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from agentdb.retrieval import Hit, run_sql
+from agentdb.db import run_sql
+from agentdb.retrieval import Hit
 
 DEFAULT_WINDOW = 3
 

@@ -23,7 +23,6 @@ SOURCE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 DOCS_SCHEMA = "agentdb_docs"
 # Columns of a document table that are not metadata fields.
-DOCUMENT_COLUMNS = ("doc_id", "chunk", "title", "text", "metadata")
 RESERVED_FIELDS = frozenset({"_id", "id", "doc_id", "chunk", "title", "text", "metadata"})
 
 FieldType = Literal["int", "float", "string", "bool", "string_set", "timestamp"]

@@ -4,7 +4,7 @@ lists by RRF, optionally generate an answer, and report steps, usage and diagnos
 
   * `models`: the request and response models; `AgentHit.of` makes a hit's client JSON
   * `validate`: every check before anything runs, and the `Plan` it yields
-  * `scope`: the caller's read scope and per-query error paths
+  * `scope`: per-query error paths (the read scope itself is auth.read_scope)
   * `query`: one query (retrieval, deepening, expansion)
   * `merge`: RRF merging of several queries' hits
   * `stream`: the bridge that streams a model call's text from a worker thread
@@ -27,7 +27,7 @@ from agentdb.agent.models import (
     UsageOut,
 )
 from agentdb.agent.pipeline import Event, json_events, respond, run
-from agentdb.agent.scope import in_query, read_scope
+from agentdb.agent.scope import in_query
 from agentdb.agent.validate import Plan, validate
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "in_query",
     "json_events",
     "merge",
-    "read_scope",
     "respond",
     "run",
     "validate",

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 
 from agentdb.agent.models import FullTextSearch, QuerySpec
-from agentdb.agent.scope import in_query, read_scope
+from agentdb.agent.scope import in_query
 from agentdb.agent.validate import Plan
-from agentdb.auth import Principal
+from agentdb.auth import Principal, read_scope
 from agentdb.deepening import RoundSummary, deepen
 from agentdb.embed import Embedder
 from agentdb.expansion import expand

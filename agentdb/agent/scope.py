@@ -1,20 +1,11 @@
-"""Where the agent's reads run: under the caller's database role, and with errors that name the query."""
+"""Errors of one query name it: the full path from the request root."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from contextlib import contextmanager
 
-import psycopg
-
-from agentdb.auth import Principal, principal_scope
 from agentdb.errors import AgentDBError
-
-
-def read_scope(conn: psycopg.Connection[Any], principal: Principal | None) -> AbstractContextManager[Any]:
-    """Every read of a principal runs under its database role (grants and row security); none in local dev."""
-    return principal_scope(conn, principal) if principal is not None else nullcontext(conn)
 
 
 @contextmanager
@@ -28,4 +19,4 @@ def in_query(index: int) -> Iterator[None]:
         raise
 
 
-__all__ = ["in_query", "read_scope"]
+__all__ = ["in_query"]

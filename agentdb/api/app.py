@@ -20,11 +20,10 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentdb import __version__
-from agentdb.agent import read_scope
 from agentdb.api import agents, documents, retrieval
 from agentdb.api.deps import connection, guard_open_access, principal
 from agentdb.api.guard import RequestGuard, json_path
-from agentdb.auth import Principal, any_principals, check_table, visible_source
+from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import migrate

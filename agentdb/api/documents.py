@@ -14,9 +14,8 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.agent import read_scope
 from agentdb.api.deps import connection, principal
-from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope
+from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.filters import compile_filter

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
+
 from agentdb.config import Settings
 from agentdb.db.server import start_embedded
+from agentdb.errors import from_db_error
 
 
 def resolve_url(settings: Settings, *, keep_running: bool = False) -> str:
@@ -11,3 +16,14 @@ def resolve_url(settings: Settings, *, keep_running: bool = False) -> str:
     if settings.database_url:
         return settings.database_url
     return start_embedded(settings.data_dir, keep_running=keep_running)
+
+
+def run_sql(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Execute a statement, translating agentdb's database errors into AgentDBError."""
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.Error as exc:
+        mapped = from_db_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from None

@@ -4,7 +4,6 @@ one transaction, so a bad row or a crash never leaves a half-written document.""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -38,8 +37,6 @@ from agentdb.sources import (
     create_document_source,
     get_source,
 )
-
-log = logging.getLogger(__name__)
 
 ANALYZE_AFTER_CHUNKS = 1000
 

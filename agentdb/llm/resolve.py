@@ -95,7 +95,7 @@ def resolve_model(
             "need no key, and provider 'scripted' answers offline",
             path=f"{path}.provider",
         )
-    model_name = spec.model or getattr(settings, "anthropic_model", None) or DEFAULT_ANTHROPIC_MODEL
+    model_name = spec.model or DEFAULT_ANTHROPIC_MODEL
     if http_client is not None:
         return AnthropicModel(
             model_name,

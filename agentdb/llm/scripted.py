@@ -150,10 +150,6 @@ class ScriptedTransport(httpx2.MockTransport):
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
-    @property
-    def remaining(self) -> int:
-        return len(self.script)
-
     def _handle(self, request: httpx2.Request) -> httpx2.Response:
         if request.method != "POST" or not request.url.path.endswith("/v1/messages"):
             return _error_response(

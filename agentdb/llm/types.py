@@ -7,8 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel
-
 DEFAULT_MAX_TOKENS = 1024
 
 Role = Literal["user", "assistant"]
@@ -45,11 +43,6 @@ class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any]
-
-    @classmethod
-    def from_model(cls, name: str, description: str, model: type[BaseModel]) -> ToolSpec:
-        """A tool whose input schema is a pydantic model's JSON schema."""
-        return cls(name, description, model.model_json_schema())
 
     def to_api(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}

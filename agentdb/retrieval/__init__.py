@@ -11,8 +11,9 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from agentdb.db import run_sql
 from agentdb.embed import Embedder, load_embedder
-from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error
+from agentdb.errors import AgentDBError, InvalidParamValue
 from agentdb.filters import to_json
 from agentdb.sources import get_source
 
@@ -90,17 +91,6 @@ def _jsonb(value: Any, path: str) -> Jsonb | None:
     return Jsonb(value)
 
 
-def run_sql(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Execute a statement, translating agentdb's database errors into AgentDBError."""
-    try:
-        return conn.execute(query, params).fetchall()
-    except psycopg.Error as exc:
-        mapped = from_db_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from None
-
-
 def retrieve(
     conn: psycopg.Connection[Any],
     source: str,
@@ -135,13 +125,15 @@ def retrieve(
     vector = None if query_embedding is None else np.asarray(query_embedding, dtype=np.float32)
     rows = run_sql(
         conn,
-        "select agentdb.retrieve(%(source)s, %(query)s, %(embedding)s, %(mode)s, %(top_k)s, %(rrf_k)s,"
-        " %(threshold)s, %(filter)s, %(model)s, %(group_by_doc)s, %(ef_search)s, %(candidates)s,"
-        " %(row_filter)s, %(fields)s, null, %(filter_query)s, %(exclusion_query)s)",
+        "select agentdb.retrieve(source => %(source)s, query => %(query)s, query_embedding => %(query_embedding)s,"
+        " mode => %(mode)s, top_k => %(top_k)s, rrf_k => %(rrf_k)s, threshold => %(threshold)s,"
+        " filter => %(filter)s, model => %(model)s, group_by_doc => %(group_by_doc)s, ef_search => %(ef_search)s,"
+        " candidates => %(candidates)s, row_filter => %(row_filter)s, fields => %(fields)s,"
+        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
         {
             "source": source,
             "query": query,
-            "embedding": vector,
+            "query_embedding": vector,
             "mode": mode,
             "top_k": top_k,
             "rrf_k": rrf_k,
@@ -162,4 +154,4 @@ def retrieve(
     return Result(route=payload["route"], hits=hits, diagnostics=payload["diagnostics"])
 
 
-__all__ = ["ROW_FIELDS", "AgentDBError", "Hit", "Mode", "Result", "retrieve", "run_sql"]
+__all__ = ["ROW_FIELDS", "AgentDBError", "Hit", "Mode", "Result", "retrieve"]
