@@ -732,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--tools",
         default="search",
-        help="comma-separated: search, tree_search, graph_search, memory (default search)",
+        help="comma-separated: search, ingest (write documents), tree_search, graph_search, memory (default search)",
     )
     q = action("list", cmd_principal_list, "list the principals (keys are never shown)")
     q.add_argument("--json", action="store_true")
