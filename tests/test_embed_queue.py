@@ -89,3 +89,16 @@ def test_pending_rows_are_counted_before_the_embedder_runs(conn: Any, db_url: st
     ) as c:
         [source] = c.get("/sources").json()
         assert source["pending_embeddings"] == 2
+
+
+def test_a_principal_is_not_shown_the_pending_count(conn: Any, db_url: str, notes: None) -> None:
+    """The count covers rows outside a principal's row filter, so principals do not get it."""
+    from agentdb.auth import create_principal
+
+    register(conn, db_url)
+    key = create_principal(conn, "r", tables=["notes"], row_filter={"ids": ["1"]})[1]
+    with TestClient(
+        create_app(Settings(database_url=db_url, embed_interval_s=0)), base_url="http://127.0.0.1"
+    ) as c:
+        [source] = c.get("/sources", headers={"Authorization": f"Bearer {key}"}).json()
+        assert source["pending_embeddings"] is None and source["documents"] == 1
