@@ -27,19 +27,23 @@ def expand(
     filter: dict[str, Any] | None = None,
     row_filter: dict[str, Any] | None = None,
     fields: list[str] | None = None,
+    filter_query: dict[str, Any] | None = None,
+    exclusion_query: dict[str, Any] | None = None,
 ) -> list[Hit]:
     """Expand `hits` of `source` (as returned by `agentdb.retrieval.retrieve`, or the SQL function's own JSON
     objects) to windows of `window` chunks. Each result keeps its best merged hit's fields and gets the merged
     text, the chunk positions it covers (`chunks`) and those of the input hits it absorbed (`hit_chunks`).
 
-    `filter` and `row_filter` are re-applied to every neighbour read, and `fields` projects the text, as in
-    the retrieval that produced the hits; run it under the same principal scope as that retrieval.
+    Every neighbour is read through the scoped reader `agentdb.read`: `filter`, `filter_query`,
+    `exclusion_query` and `row_filter` apply, and `fields` projects the text, as in the retrieval that
+    produced the hits; run it under the same principal scope as that retrieval.
     """
     if not hits:
         return []
     rows = run_sql(
         conn,
-        "select agentdb.expand(%(source)s, %(hits)s, %(window)s, %(filter)s, %(row_filter)s, %(fields)s)",
+        "select agentdb.expand(%(source)s, %(hits)s, %(window)s, filter => %(filter)s, row_filter => %(row_filter)s,"
+        " fields => %(fields)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
         {
             "source": source,
             "hits": Jsonb([h.row() if isinstance(h, Hit) else dict(h) for h in hits]),
@@ -47,6 +51,8 @@ def expand(
             "filter": None if filter is None else Jsonb(filter),
             "row_filter": None if row_filter is None else Jsonb(row_filter),
             "fields": fields,
+            "filter_query": None if filter_query is None else Jsonb(filter_query),
+            "exclusion_query": None if exclusion_query is None else Jsonb(exclusion_query),
         },
     )
     return [Hit.from_row(item, table=source) for item in rows[0][0]]

@@ -1,6 +1,6 @@
 """Metadata filters from Python: validate or compile a filter with the one compiler in SQL.
 
-The compiler itself is `agentdb.compile_filter` (sql/030_filters.sql), so the SQL function, the Python
+The compiler itself is `agentdb_internal.compile_filter` (sql/030_filters.sql), so the SQL function, the Python
 API and the HTTP API accept exactly the same filters and report the same errors.
 """
 
@@ -101,7 +101,7 @@ def compile_filter(
     try:
         with conn.transaction():
             row = conn.execute(
-                "select predicate, params from agentdb.compile_filter(%s, %s::jsonb, %s, %s, %s)",
+                "select predicate, params from agentdb_internal.compile_filter(%s, %s::jsonb, %s, %s, %s)",
                 (
                     fields,
                     text,

@@ -1,4 +1,4 @@
-"""Filter compile time: the largest filters agentdb.compile_filter's limits allow, in every surface syntax.
+"""Filter compile time: the largest filters agentdb_internal.compile_filter's limits allow, in every surface syntax.
 
     .venv/bin/python bench/filter_compile.py                      # the working tree's compiler
     .venv/bin/python bench/filter_compile.py --baseline HEAD~1    # beside the compiler of another commit
@@ -208,7 +208,7 @@ begin
     for i in 1 .. n loop
         t0 := clock_timestamp();
         begin
-            perform * from agentdb.compile_filter(fields, f, '$1', 'c.doc_id');
+            perform * from agentdb_internal.compile_filter(fields, f, '$1', 'c.doc_id');
         exception when sqlstate 'ADB00' then
             null;  -- a rejected filter: the time to reject it
         end;
@@ -266,7 +266,9 @@ def measure(
     args = (Jsonb(fields), Jsonb(filter))
     outcome = "ok"
     try:
-        conn.execute("select * from agentdb.compile_filter(%s, %s, '$1', 'c.doc_id')", args).fetchone()
+        conn.execute(
+            "select * from agentdb_internal.compile_filter(%s, %s, '$1', 'c.doc_id')", args
+        ).fetchone()
     except psycopg.Error as exc:
         outcome = (exc.diag.message_primary or "error").split(":")[0]
     cpu_before = backend_cpu_ms(conn.info.backend_pid)
@@ -278,7 +280,9 @@ def measure(
     for _ in range(repeat):
         started = time.perf_counter()
         try:
-            conn.execute("select * from agentdb.compile_filter(%s, %s, '$1', 'c.doc_id')", args).fetchone()
+            conn.execute(
+                "select * from agentdb_internal.compile_filter(%s, %s, '$1', 'c.doc_id')", args
+            ).fetchone()
         except psycopg.Error:
             pass
         trips.append((time.perf_counter() - started) * 1000)

@@ -32,14 +32,15 @@
 -- paths run no query per node where an operator will do. bench/filter_compile.py times the largest
 -- filters these limits allow.
 
--- Re-applied on every migrate: drop the helpers first, or `create or replace` with new parameters would
--- leave an older overload behind (compile_filter keeps its signature and is replaced in place).
+-- Re-applied on every migrate: drop the compiler and its helpers first (in agentdb too, where they lived
+-- before agentdb_internal), or `create or replace` with new parameters would leave an older overload behind.
 do $$
 declare
     f regprocedure;
 begin
     for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace and p.proname like 'filter\_%'
+             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
+               and (p.proname like 'filter\_%' or p.proname = 'compile_filter')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -48,7 +49,7 @@ $$;
 
 -- Raise 3007 InvalidParamValue with the message `filter.<kind>: at <path>: <detail>`; the error's path is
 -- the caller's prefix joined to the path inside the filter (`$` and the bare prefix at the root).
-create or replace function agentdb.filter_fail(ctx jsonb, kind text, path text, detail text, hint text default null)
+create or replace function agentdb_internal.filter_fail(ctx jsonb, kind text, path text, detail text, hint text default null)
 returns void language plpgsql stable as $$
 declare
     prefix text := coalesce(ctx->>'prefix', '');
@@ -66,14 +67,14 @@ end;
 $$;
 
 -- The JSON path of `key` inside the object at `path` ('' is the root).
-create or replace function agentdb.filter_key(path text, key text) returns text
+create or replace function agentdb_internal.filter_key(path text, key text) returns text
 language sql immutable as $$
 select case when path = '' then key else path || '.' || key end
 $$;
 
 -- The first key of the object `node`, in sorted order, that is not in `allowed`, or null. The key set
 -- difference is a plain expression; the keys are only listed (a query) when there is an extra one.
-create or replace function agentdb.filter_extra_key(node jsonb, allowed text[]) returns text
+create or replace function agentdb_internal.filter_extra_key(node jsonb, allowed text[]) returns text
 language plpgsql immutable as $$
 begin
     if node - allowed = '{}'::jsonb then
@@ -84,21 +85,21 @@ end;
 $$;
 
 -- Count one more node at `path`, enforcing the limits (depth 16, 256 nodes); returns the new count.
-create or replace function agentdb.filter_enter(ctx jsonb, path text, depth int, nodes int) returns int
+create or replace function agentdb_internal.filter_enter(ctx jsonb, path text, depth int, nodes int) returns int
 language plpgsql stable as $$
 begin
     if depth > 16 then
-        perform agentdb.filter_fail(ctx, 'too_deep', path, 'the filter is nested deeper than 16 levels');
+        perform agentdb_internal.filter_fail(ctx, 'too_deep', path, 'the filter is nested deeper than 16 levels');
     end if;
     if nodes >= 256 then
-        perform agentdb.filter_fail(ctx, 'too_many_nodes', path, 'the filter has more than 256 nodes');
+        perform agentdb_internal.filter_fail(ctx, 'too_many_nodes', path, 'the filter has more than 256 nodes');
     end if;
     return nodes + 1;
 end;
 $$;
 
 -- The kind of a JSON value as error messages name it: int, float, string, bool, null, array, object.
-create or replace function agentdb.filter_kind(v jsonb) returns text
+create or replace function agentdb_internal.filter_kind(v jsonb) returns text
 language sql immutable as $$
 select case jsonb_typeof(v)
     when 'number' then case when v::text ~ '[.eE]' then 'float' else 'int' end
@@ -115,7 +116,7 @@ $$;
 -- time zone. The format is checked by one regular expression over the array's text (an item that
 -- matches is a plain JSON string, with nothing escaped) and the dates (2020-02-30) by pg_input_is_valid,
 -- so there is neither a per-item regular expression nor an exception block (a subtransaction) per item.
-create or replace function agentdb.filter_timestamps(list jsonb) returns jsonb
+create or replace function agentdb_internal.filter_timestamps(list jsonb) returns jsonb
 language plpgsql stable set timezone = 'UTC' as $$
 declare
     items text[];
@@ -136,33 +137,33 @@ end;
 $$;
 
 -- One ISO 8601 date or date-time in canonical UTC form, or null when `value` is not one.
-create or replace function agentdb.filter_timestamp(value text) returns text
+create or replace function agentdb_internal.filter_timestamp(value text) returns text
 language sql stable as $$
-select agentdb.filter_timestamps(jsonb_build_array(value))->>0
+select agentdb_internal.filter_timestamps(jsonb_build_array(value))->>0
 $$;
 
 -- The spec of the field named by the JSON value `name`: unknown, non-filterable or unsupported -> 3007.
-create or replace function agentdb.filter_field(ctx jsonb, name jsonb, path text) returns jsonb
+create or replace function agentdb_internal.filter_field(ctx jsonb, name jsonb, path text) returns jsonb
 language plpgsql stable as $$
 declare
     spec jsonb;
 begin
     if jsonb_typeof(name) is distinct from 'string' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, 'a field name must be a string');
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, 'a field name must be a string');
     end if;
     spec := ctx->'fields'->(name #>> '{}');
     if spec is null then
-        perform agentdb.filter_fail(ctx, 'unknown_field', path, format('unknown field %s', name::text),
+        perform agentdb_internal.filter_fail(ctx, 'unknown_field', path, format('unknown field %s', name::text),
             'filterable fields: ' || coalesce((
                 select string_agg(k, ', ' order by k) from jsonb_each(ctx->'fields') as e(k, s)
                 where (s->>'filterable')::boolean
             ), '(none)'));
     end if;
     if not (spec->>'filterable')::boolean then
-        perform agentdb.filter_fail(ctx, 'not_filterable', path, format('field %s is not filterable', name::text));
+        perform agentdb_internal.filter_fail(ctx, 'not_filterable', path, format('field %s is not filterable', name::text));
     end if;
     if (spec->>'type') not in ('int', 'float', 'string', 'bool', 'string_set', 'timestamp') then
-        perform agentdb.filter_fail(ctx, 'not_filterable', path,
+        perform agentdb_internal.filter_fail(ctx, 'not_filterable', path,
             format('field %s has the unsupported type %s', name::text, spec->>'type'));
     end if;
     return spec;
@@ -171,23 +172,23 @@ $$;
 
 -- Check one literal against a field's type and return it normalised (timestamps in canonical UTC form).
 -- int and float promote to each other; string_set fields compare with strings.
-create or replace function agentdb.filter_value(ctx jsonb, spec jsonb, v jsonb, path text) returns jsonb
+create or replace function agentdb_internal.filter_value(ctx jsonb, spec jsonb, v jsonb, path text) returns jsonb
 language plpgsql stable as $$
 declare
-    kind text := agentdb.filter_kind(v);
+    kind text := agentdb_internal.filter_kind(v);
     ftype text := spec->>'type';
     ts text;
 begin
     if kind = 'array' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
             'an array literal is only allowed as a list of values ($in, $nin, terms, ids or an in haystack)');
     elsif kind = 'object' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, 'an object is not a value');
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, 'an object is not a value');
     end if;
     if ftype in ('int', 'float') and kind in ('int', 'float') then
         -- Values beyond float8 could not be compared with float columns.
         if abs(v::numeric) >= 1e308 or (v::numeric <> 0 and abs(v::numeric) < 1e-300) then
-            perform agentdb.filter_fail(ctx, 'type_mismatch', path, format('the number is out of range for %s', ftype));
+            perform agentdb_internal.filter_fail(ctx, 'type_mismatch', path, format('the number is out of range for %s', ftype));
         end if;
         return v;
     elsif ftype in ('string', 'string_set') and kind = 'string' then
@@ -195,25 +196,25 @@ begin
     elsif ftype = 'bool' and kind = 'bool' then
         return v;
     elsif ftype = 'timestamp' and kind = 'string' then
-        ts := agentdb.filter_timestamp(v #>> '{}');
+        ts := agentdb_internal.filter_timestamp(v #>> '{}');
         if ts is null then
-            perform agentdb.filter_fail(ctx, 'type_mismatch', path,
+            perform agentdb_internal.filter_fail(ctx, 'type_mismatch', path,
                 'cannot compare string with timestamp: expected an ISO 8601 date-time such as 2020-01-01T00:00:00Z');
         end if;
         return to_jsonb(ts);
     end if;
-    perform agentdb.filter_fail(ctx, 'type_mismatch', path, format('cannot compare %s with %s', kind, ftype));
+    perform agentdb_internal.filter_fail(ctx, 'type_mismatch', path, format('cannot compare %s with %s', kind, ftype));
     return null;
 end;
 $$;
 
 -- Count the `n` items of the list at `path` against the filter's budget of 10,000 list items (`vals` is the
 -- count so far); returns the new count.
-create or replace function agentdb.filter_spend(ctx jsonb, path text, vals int, n int) returns int
+create or replace function agentdb_internal.filter_spend(ctx jsonb, path text, vals int, n int) returns int
 language plpgsql stable as $$
 begin
     if vals + n > 10000 then
-        perform agentdb.filter_fail(ctx, 'too_many_values', path, 'the filter has more than 10000 list items');
+        perform agentdb_internal.filter_fail(ctx, 'too_many_values', path, 'the filter has more than 10000 list items');
     end if;
     return vals + n;
 end;
@@ -222,8 +223,8 @@ $$;
 -- Check a list literal ($in, $nin, terms, an in haystack) and each of its items; returns the normalised list
 -- and the filter's list items counted so far. The items are checked by one jsonpath (or, for timestamps,
 -- normalised by one call); only when that fails are they walked one by one, so that the first bad item is
--- reported exactly as agentdb.filter_value reports a single value.
-create or replace function agentdb.filter_list(
+-- reported exactly as agentdb_internal.filter_value reports a single value.
+create or replace function agentdb_internal.filter_list(
     ctx jsonb, spec jsonb, v jsonb, path text, label text, inout vals int, out list jsonb
 ) language plpgsql stable as $$
 declare
@@ -232,15 +233,15 @@ declare
     i int;
 begin
     if jsonb_typeof(v) is distinct from 'array' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of values', label));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of values', label));
     end if;
     n := jsonb_array_length(v);
     if n > 1000 then
-        perform agentdb.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
+        perform agentdb_internal.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
     end if;
-    vals := agentdb.filter_spend(ctx, path, vals, n);
+    vals := agentdb_internal.filter_spend(ctx, path, vals, n);
     list := case
-        when ftype = 'timestamp' then agentdb.filter_timestamps(v)
+        when ftype = 'timestamp' then agentdb_internal.filter_timestamps(v)
         -- The same range as filter_value: values beyond float8 could not be compared with float columns.
         when ftype in ('int', 'float') then case
             when jsonb_path_exists(v, 'strict $[*] ? (@.type() != "number")')
@@ -254,10 +255,10 @@ begin
     if list is null then
         -- Raises at the first bad item.
         for i in 0 .. n - 1 loop
-            perform agentdb.filter_value(ctx, spec, v->i, path || '[' || i || ']');
+            perform agentdb_internal.filter_value(ctx, spec, v->i, path || '[' || i || ']');
         end loop;
         list := to_jsonb(array(
-            select agentdb.filter_value(ctx, spec, e, path) from jsonb_array_elements(v) with ordinality x(e, o)
+            select agentdb_internal.filter_value(ctx, spec, e, path) from jsonb_array_elements(v) with ordinality x(e, o)
             order by o));
     end if;
 end;
@@ -266,7 +267,7 @@ $$;
 -- One leaf of the AST: `op` (eq ne lt le gt ge in nin contains prefix) applied to a field and a literal.
 -- `label` is the operator as the user wrote it; `op_path` and `value_path` locate errors; `vals` counts
 -- the filter's list items.
-create or replace function agentdb.filter_leaf(
+create or replace function agentdb_internal.filter_leaf(
     ctx jsonb, op text, spec jsonb, v jsonb, op_path text, value_path text, label text, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -275,26 +276,26 @@ declare
     r record;
 begin
     if op in ('lt', 'le', 'gt', 'ge') and ftype in ('bool', 'string_set') then
-        perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path,
             format('%s does not apply to %s field %s', label, ftype, to_jsonb(name)));
     elsif op in ('contains', 'prefix') and ftype not in ('string', 'string_set') then
-        perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path,
             format('%s does not apply to %s field %s', label, ftype, to_jsonb(name)));
     end if;
     if op in ('in', 'nin') then
-        r := agentdb.filter_list(ctx, spec, v, value_path, label, vals);
+        r := agentdb_internal.filter_list(ctx, spec, v, value_path, label, vals);
         vals := r.vals;
         ast := jsonb_build_object('t', 'in', 'f', name, 'neg', op = 'nin', 'v', r.list);
     elsif op in ('contains', 'prefix') then
-        ast := jsonb_build_object('t', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
+        ast := jsonb_build_object('t', op, 'f', name, 'v', agentdb_internal.filter_value(ctx, spec, v, value_path));
     else
-        ast := jsonb_build_object('t', 'cmp', 'op', op, 'f', name, 'v', agentdb.filter_value(ctx, spec, v, value_path));
+        ast := jsonb_build_object('t', 'cmp', 'op', op, 'f', name, 'v', agentdb_internal.filter_value(ctx, spec, v, value_path));
     end if;
 end;
 $$;
 
 -- AND of a list of AST nodes, simplified: [] is true, a single node stands alone.
-create or replace function agentdb.filter_and(items jsonb[]) returns jsonb
+create or replace function agentdb_internal.filter_and(items jsonb[]) returns jsonb
 language sql immutable as $$
 select case coalesce(cardinality(items), 0)
     when 0 then '{"t": "const", "v": true}'::jsonb
@@ -304,7 +305,7 @@ end
 $$;
 
 -- At least `n` of the nodes `items`: folded to true, false, or and/or when it can be.
-create or replace function agentdb.filter_atleast(n int, items jsonb[]) returns jsonb
+create or replace function agentdb_internal.filter_atleast(n int, items jsonb[]) returns jsonb
 language sql immutable as $$
 select case
     when n <= 0 then '{"t": "const", "v": true}'::jsonb
@@ -317,12 +318,12 @@ end
 $$;
 
 -- A non-negative integer parameter (disjuncts.min, minimum_should_match), or 3007 bad_operand.
-create or replace function agentdb.filter_count(ctx jsonb, v jsonb, path text, label text) returns int
+create or replace function agentdb_internal.filter_count(ctx jsonb, v jsonb, path text, label text) returns int
 language plpgsql stable as $$
 begin
     if jsonb_typeof(v) is distinct from 'number' or v::numeric <> trunc(v::numeric)
        or v::numeric < 0 or v::numeric > 1000000 then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, format('%s must be a non-negative integer', label));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('%s must be a non-negative integer', label));
     end if;
     return v::numeric::int;
 end;
@@ -334,7 +335,7 @@ $$;
 -- reported as such); anything else is an operator object, so a field may be named like a query key.
 -- Depth counts nested nodes (the root is 1; in operator objects, each field condition and each
 -- field-level $not is a node too).
-create or replace function agentdb.filter_parse(
+create or replace function agentdb_internal.filter_parse(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -346,13 +347,13 @@ declare
     r record;
     is_query boolean;
 begin
-    nodes := agentdb.filter_enter(ctx, path, depth, nodes);
+    nodes := agentdb_internal.filter_enter(ctx, path, depth, nodes);
     if jsonb_typeof(node) is distinct from 'object' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
-            format('expected a filter object, got %s', agentdb.filter_kind(node)));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
+            format('expected a filter object, got %s', agentdb_internal.filter_kind(node)));
     end if;
     if node ? 'op' then
-        r := agentdb.filter_parse_tryll(ctx, node, path, depth, nodes, vals);
+        r := agentdb_internal.filter_parse_tryll(ctx, node, path, depth, nodes, vals);
     else
         is_query := node ?| query_keys;
         if is_query and (ctx->'fields') ?| query_keys then
@@ -361,9 +362,9 @@ begin
                 select 1 from jsonb_object_keys(node) k where k = any(query_keys) and not (ctx->'fields') ? k);
         end if;
         if is_query then
-            r := agentdb.filter_parse_query(ctx, node, path, depth, nodes, vals);
+            r := agentdb_internal.filter_parse_query(ctx, node, path, depth, nodes, vals);
         else
-            r := agentdb.filter_parse_object(ctx, node, path, depth, nodes, vals);
+            r := agentdb_internal.filter_parse_object(ctx, node, path, depth, nodes, vals);
         end if;
     end if;
     nodes := r.nodes;
@@ -373,7 +374,7 @@ end;
 $$;
 
 -- The children of and/or/$and/$or/conjuncts/disjuncts: a non-empty array of at most 1,000 nodes.
-create or replace function agentdb.filter_parse_list(
+create or replace function agentdb_internal.filter_parse_list(
     ctx jsonb, v jsonb, path text, depth int, label text, inout nodes int, inout vals int, out asts jsonb[]
 ) language plpgsql stable as $$
 declare
@@ -382,16 +383,16 @@ declare
 begin
     asts := '{}';
     if jsonb_typeof(v) is distinct from 'array' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of filters', label));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('%s needs an array of filters', label));
     end if;
     if jsonb_array_length(v) = 0 then
-        perform agentdb.filter_fail(ctx, 'empty', path, format('%s needs at least one filter', label));
+        perform agentdb_internal.filter_fail(ctx, 'empty', path, format('%s needs at least one filter', label));
     end if;
     if jsonb_array_length(v) > 1000 then
-        perform agentdb.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
+        perform agentdb_internal.filter_fail(ctx, 'too_many_items', path, format('%s has more than 1000 items', label));
     end if;
     for i in 0 .. jsonb_array_length(v) - 1 loop
-        r := agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
+        r := agentdb_internal.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
         asts := array_append(asts, r.ast);
@@ -400,25 +401,25 @@ end;
 $$;
 
 -- A Tryll operand: {"knowledge": "<field>"} -> {"field": spec}, {"value": literal} -> {"value": literal}.
-create or replace function agentdb.filter_operand(ctx jsonb, o jsonb, path text) returns jsonb
+create or replace function agentdb_internal.filter_operand(ctx jsonb, o jsonb, path text) returns jsonb
 language plpgsql stable as $$
 begin
     -- Exactly one key, and it is knowledge or value.
     if jsonb_typeof(o) is distinct from 'object'
        or (case when jsonb_typeof(o) = 'object'
                 then o - array['knowledge', 'value'] <> '{}'::jsonb or (o ? 'knowledge') = (o ? 'value') end) then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
             'an operand is {"knowledge": "<field>"} or {"value": <literal>}');
     end if;
     if o ? 'knowledge' then
-        return jsonb_build_object('field', agentdb.filter_field(ctx, o->'knowledge', path));
+        return jsonb_build_object('field', agentdb_internal.filter_field(ctx, o->'knowledge', path));
     end if;
     return jsonb_build_object('value', o->'value');
 end;
 $$;
 
 -- Tryll op nodes: and/or (args), not (arg), eq ne lt le gt ge (lhs, rhs), in (needle, haystack).
-create or replace function agentdb.filter_parse_tryll(
+create or replace function agentdb_internal.filter_parse_tryll(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -428,10 +429,10 @@ declare
     l jsonb;
     r jsonb;
     x record;
-    op_path text := agentdb.filter_key(path, 'op');
+    op_path text := agentdb_internal.filter_key(path, 'op');
 begin
     if jsonb_typeof(node->'op') is distinct from 'string' then
-        perform agentdb.filter_fail(ctx, 'bad_operator', op_path, 'op must be a string');
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path, 'op must be a string');
     end if;
     op := node->>'op';
     allowed := case
@@ -441,71 +442,71 @@ begin
         when op = 'in' then array['op', 'needle', 'haystack']
     end;
     if allowed is null then
-        perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path,
             format('unknown op %s: use and, or, not, eq, ne, lt, le, gt, ge or in', to_jsonb(op)));
     end if;
-    extra := agentdb.filter_extra_key(node, allowed);
+    extra := agentdb_internal.filter_extra_key(node, allowed);
     if extra is not null then
-        perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, extra),
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, extra),
             format('unexpected key %s in an %s node', to_jsonb(extra), op));
     end if;
     if not (node ?& allowed) then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
             format('%s needs %s', op, array_to_string(allowed[2:], ' and ')));
     end if;
 
     if op in ('and', 'or') then
-        x := agentdb.filter_parse_list(ctx, node->'args', agentdb.filter_key(path, 'args'), depth, op, nodes, vals);
+        x := agentdb_internal.filter_parse_list(ctx, node->'args', agentdb_internal.filter_key(path, 'args'), depth, op, nodes, vals);
         nodes := x.nodes;
         vals := x.vals;
         ast := case when cardinality(x.asts) = 1 then x.asts[1] else jsonb_build_object('t', op, 'args', x.asts) end;
         return;
     elsif op = 'not' then
-        x := agentdb.filter_parse(ctx, node->'arg', agentdb.filter_key(path, 'arg'), depth + 1, nodes, vals);
+        x := agentdb_internal.filter_parse(ctx, node->'arg', agentdb_internal.filter_key(path, 'arg'), depth + 1, nodes, vals);
         nodes := x.nodes;
         vals := x.vals;
         ast := jsonb_build_object('t', 'not', 'arg', x.ast);
         return;
     elsif op = 'in' then
-        l := agentdb.filter_operand(ctx, node->'needle', agentdb.filter_key(path, 'needle'));
-        r := agentdb.filter_operand(ctx, node->'haystack', agentdb.filter_key(path, 'haystack'));
+        l := agentdb_internal.filter_operand(ctx, node->'needle', agentdb_internal.filter_key(path, 'needle'));
+        r := agentdb_internal.filter_operand(ctx, node->'haystack', agentdb_internal.filter_key(path, 'haystack'));
         if l ? 'field' and r ? 'value' then
             if jsonb_typeof(r->'value') is distinct from 'array' then
-                perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
+                perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'haystack'),
                     'the haystack must be an array literal or a string_set field');
             end if;
-            x := agentdb.filter_leaf(ctx, 'in', l->'field', r->'value', op_path,
-                                     agentdb.filter_key(path, 'haystack'), 'in', vals);
+            x := agentdb_internal.filter_leaf(ctx, 'in', l->'field', r->'value', op_path,
+                                     agentdb_internal.filter_key(path, 'haystack'), 'in', vals);
         elsif l ? 'value' and r ? 'field' then
             if r->'field'->>'type' <> 'string_set' then
-                perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
+                perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'haystack'),
                     'the haystack must be an array literal or a string_set field');
             end if;
-            x := agentdb.filter_leaf(ctx, 'contains', r->'field', l->'value', op_path,
-                                     agentdb.filter_key(path, 'needle'), 'in', vals);
+            x := agentdb_internal.filter_leaf(ctx, 'contains', r->'field', l->'value', op_path,
+                                     agentdb_internal.filter_key(path, 'needle'), 'in', vals);
         elsif l ? 'field' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'haystack'),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'haystack'),
                 'compare a field with values, not with another field');
         else
-            perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'needle'),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'needle'),
                 'the needle or the haystack must be a field: {"knowledge": "<field>"}');
         end if;
     else
-        l := agentdb.filter_operand(ctx, node->'lhs', agentdb.filter_key(path, 'lhs'));
-        r := agentdb.filter_operand(ctx, node->'rhs', agentdb.filter_key(path, 'rhs'));
+        l := agentdb_internal.filter_operand(ctx, node->'lhs', agentdb_internal.filter_key(path, 'lhs'));
+        r := agentdb_internal.filter_operand(ctx, node->'rhs', agentdb_internal.filter_key(path, 'rhs'));
         if l ? 'field' and r ? 'value' then
-            x := agentdb.filter_leaf(ctx, op, l->'field', r->'value', op_path,
-                                     agentdb.filter_key(path, 'rhs'), op, vals);
+            x := agentdb_internal.filter_leaf(ctx, op, l->'field', r->'value', op_path,
+                                     agentdb_internal.filter_key(path, 'rhs'), op, vals);
         elsif l ? 'value' and r ? 'field' then
             -- `value op field` is `field op' value` with the comparison mirrored.
-            x := agentdb.filter_leaf(ctx,
+            x := agentdb_internal.filter_leaf(ctx,
                 case op when 'lt' then 'gt' when 'le' then 'ge' when 'gt' then 'lt' when 'ge' then 'le' else op end,
-                r->'field', l->'value', op_path, agentdb.filter_key(path, 'lhs'), op, vals);
+                r->'field', l->'value', op_path, agentdb_internal.filter_key(path, 'lhs'), op, vals);
         elsif l ? 'field' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'rhs'),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'rhs'),
                 'compare a field with a value, not with another field');
         else
-            perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, 'lhs'),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, 'lhs'),
                 'one side must be a field: {"knowledge": "<field>"}');
         end if;
     end if;
@@ -516,24 +517,24 @@ end;
 $$;
 
 -- Document ids for {"ids": [...]}: an array of at most 1,000 strings, counted in the filter's list items.
-create or replace function agentdb.filter_ids(ctx jsonb, v jsonb, path text, inout vals int, out ast jsonb)
+create or replace function agentdb_internal.filter_ids(ctx jsonb, v jsonb, path text, inout vals int, out ast jsonb)
 language plpgsql stable as $$
 declare
     i int;
     bad jsonb;
 begin
     if jsonb_typeof(v) is distinct from 'array' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, 'ids needs an array of document ids');
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, 'ids needs an array of document ids');
     end if;
     if jsonb_array_length(v) > 1000 then
-        perform agentdb.filter_fail(ctx, 'too_many_items', path, 'ids has more than 1000 items');
+        perform agentdb_internal.filter_fail(ctx, 'too_many_items', path, 'ids has more than 1000 items');
     end if;
-    vals := agentdb.filter_spend(ctx, path, vals, jsonb_array_length(v));
+    vals := agentdb_internal.filter_spend(ctx, path, vals, jsonb_array_length(v));
     if jsonb_path_exists(v, 'strict $[*] ? (@.type() != "string")') then
         select o - 1, e into i, bad
         from jsonb_array_elements(v) with ordinality x(e, o) where jsonb_typeof(e) <> 'string' order by o limit 1;
-        perform agentdb.filter_fail(ctx, 'type_mismatch', path || '[' || i || ']',
-            format('cannot compare %s with a document id (string)', agentdb.filter_kind(bad)));
+        perform agentdb_internal.filter_fail(ctx, 'type_mismatch', path || '[' || i || ']',
+            format('cannot compare %s with a document id (string)', agentdb_internal.filter_kind(bad)));
     end if;
     ast := jsonb_build_object('t', 'ids', 'v', v);
 end;
@@ -541,7 +542,7 @@ $$;
 
 -- A numeric range {"field", "min", "max", "inclusive_min" (default true), "inclusive_max" (default false)}
 -- or a date range {"field", "start", "end", "inclusive_start" (true), "inclusive_end" (false)}, as in Bleve.
-create or replace function agentdb.filter_parse_range(ctx jsonb, node jsonb, path text, is_numeric boolean)
+create or replace function agentdb_internal.filter_parse_range(ctx jsonb, node jsonb, path text, is_numeric boolean)
 returns jsonb language plpgsql stable as $$
 declare
     label text := case when is_numeric then 'numeric range' else 'date range' end;
@@ -555,47 +556,47 @@ declare
     hi_inc boolean := false;
     items jsonb[] := '{}';
 begin
-    extra := agentdb.filter_extra_key(node, allowed);
+    extra := agentdb_internal.filter_extra_key(node, allowed);
     if extra is not null then
-        perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', agentdb_internal.filter_key(path, extra),
             format('unexpected key %s in a %s query', to_jsonb(extra), label));
     end if;
     if not node ? 'field' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, format('a %s needs a field', label));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('a %s needs a field', label));
     end if;
-    spec := agentdb.filter_field(ctx, node->'field', agentdb.filter_key(path, 'field'));
+    spec := agentdb_internal.filter_field(ctx, node->'field', agentdb_internal.filter_key(path, 'field'));
     if is_numeric and spec->>'type' not in ('int', 'float') or not is_numeric and spec->>'type' <> 'timestamp' then
-        perform agentdb.filter_fail(ctx, 'type_mismatch', agentdb.filter_key(path, 'field'),
+        perform agentdb_internal.filter_fail(ctx, 'type_mismatch', agentdb_internal.filter_key(path, 'field'),
             format('a %s needs %s field; %s is %s', label,
                    case when is_numeric then 'an int or float' else 'a timestamp' end,
                    to_jsonb(spec->>'name'), spec->>'type'));
     end if;
     foreach k in array allowed[4:5] loop
         if coalesce(jsonb_typeof(node->k), 'null') not in ('null', 'boolean') then
-            perform agentdb.filter_fail(ctx, 'bad_operand', agentdb.filter_key(path, k),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', agentdb_internal.filter_key(path, k),
                 format('%s must be true or false', k));
         end if;
     end loop;
     lo_inc := coalesce((node->>allowed[4])::boolean, true);
     hi_inc := coalesce((node->>allowed[5])::boolean, false);
     if coalesce(jsonb_typeof(node->lo_key), 'null') = 'null' and coalesce(jsonb_typeof(node->hi_key), 'null') = 'null' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, format('a %s needs %s or %s', label, lo_key, hi_key));
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('a %s needs %s or %s', label, lo_key, hi_key));
     end if;
     if coalesce(jsonb_typeof(node->lo_key), 'null') <> 'null' then
         -- A bound is a single value, not a list: no list items to count.
-        items := items || (agentdb.filter_leaf(ctx, case when lo_inc then 'ge' else 'gt' end,
-            spec, node->lo_key, agentdb.filter_key(path, lo_key), agentdb.filter_key(path, lo_key), lo_key, 0)).ast;
+        items := items || (agentdb_internal.filter_leaf(ctx, case when lo_inc then 'ge' else 'gt' end,
+            spec, node->lo_key, agentdb_internal.filter_key(path, lo_key), agentdb_internal.filter_key(path, lo_key), lo_key, 0)).ast;
     end if;
     if coalesce(jsonb_typeof(node->hi_key), 'null') <> 'null' then
-        items := items || (agentdb.filter_leaf(ctx, case when hi_inc then 'le' else 'lt' end,
-            spec, node->hi_key, agentdb.filter_key(path, hi_key), agentdb.filter_key(path, hi_key), hi_key, 0)).ast;
+        items := items || (agentdb_internal.filter_leaf(ctx, case when hi_inc then 'le' else 'lt' end,
+            spec, node->hi_key, agentdb_internal.filter_key(path, hi_key), agentdb_internal.filter_key(path, hi_key), hi_key, 0)).ast;
     end if;
-    return agentdb.filter_and(items);
+    return agentdb_internal.filter_and(items);
 end;
 $$;
 
 -- One clause of a bool query: a query or a list of queries (at most 1,000; an empty list is no clause).
-create or replace function agentdb.filter_parse_clause(
+create or replace function agentdb_internal.filter_parse_clause(
     ctx jsonb, v jsonb, path text, depth int, inout nodes int, inout vals int, out asts jsonb[]
 ) language plpgsql stable as $$
 declare
@@ -606,29 +607,29 @@ begin
     if v is null then
         return;
     elsif jsonb_typeof(v) = 'object' then
-        r := agentdb.filter_parse(ctx, v, path, depth + 1, nodes, vals);
+        r := agentdb_internal.filter_parse(ctx, v, path, depth + 1, nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
         asts := array[r.ast];
     elsif jsonb_typeof(v) = 'array' then
         if jsonb_array_length(v) > 1000 then
-            perform agentdb.filter_fail(ctx, 'too_many_items', path, 'the clause has more than 1000 items');
+            perform agentdb_internal.filter_fail(ctx, 'too_many_items', path, 'the clause has more than 1000 items');
         end if;
         for i in 0 .. jsonb_array_length(v) - 1 loop
-            r := agentdb.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
+            r := agentdb_internal.filter_parse(ctx, v->i, path || '[' || i || ']', depth + 1, nodes, vals);
             nodes := r.nodes;
             vals := r.vals;
             asts := array_append(asts, r.ast);
         end loop;
     else
-        perform agentdb.filter_fail(ctx, 'bad_operand', path, 'expected a query or a list of queries');
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, 'expected a query or a list of queries');
     end if;
 end;
 $$;
 
 -- A bool query {must, should, must_not, filter, minimum_should_match}. As in Elasticsearch, `should`
 -- needs at least one match when there is no must/filter clause and minimum_should_match is not given.
-create or replace function agentdb.filter_parse_bool(
+create or replace function agentdb_internal.filter_parse_bool(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -643,30 +644,30 @@ declare
     child jsonb;
     n int;
 begin
-    extra := agentdb.filter_extra_key(node, allowed);
+    extra := agentdb_internal.filter_extra_key(node, allowed);
     if extra is not null then
-        perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', agentdb_internal.filter_key(path, extra),
             format('unexpected key %s in a bool query', to_jsonb(extra)));
     end if;
-    r := agentdb.filter_parse_clause(ctx, node->'must', agentdb.filter_key(path, 'must'), depth, nodes, vals);
+    r := agentdb_internal.filter_parse_clause(ctx, node->'must', agentdb_internal.filter_key(path, 'must'), depth, nodes, vals);
     nodes := r.nodes;
     vals := r.vals;
     must := r.asts;
-    r := agentdb.filter_parse_clause(ctx, node->'filter', agentdb.filter_key(path, 'filter'), depth, nodes, vals);
+    r := agentdb_internal.filter_parse_clause(ctx, node->'filter', agentdb_internal.filter_key(path, 'filter'), depth, nodes, vals);
     nodes := r.nodes;
     vals := r.vals;
     filt := r.asts;
-    r := agentdb.filter_parse_clause(ctx, node->'should', agentdb.filter_key(path, 'should'), depth, nodes, vals);
+    r := agentdb_internal.filter_parse_clause(ctx, node->'should', agentdb_internal.filter_key(path, 'should'), depth, nodes, vals);
     nodes := r.nodes;
     vals := r.vals;
     should := r.asts;
-    r := agentdb.filter_parse_clause(ctx, node->'must_not', agentdb.filter_key(path, 'must_not'), depth, nodes, vals);
+    r := agentdb_internal.filter_parse_clause(ctx, node->'must_not', agentdb_internal.filter_key(path, 'must_not'), depth, nodes, vals);
     nodes := r.nodes;
     vals := r.vals;
     must_not := r.asts;
     if coalesce(jsonb_typeof(node->'minimum_should_match'), 'null') <> 'null' then
-        n := agentdb.filter_count(ctx, node->'minimum_should_match',
-                                  agentdb.filter_key(path, 'minimum_should_match'), 'minimum_should_match');
+        n := agentdb_internal.filter_count(ctx, node->'minimum_should_match',
+                                  agentdb_internal.filter_key(path, 'minimum_should_match'), 'minimum_should_match');
     else
         n := case when cardinality(should) > 0 and cardinality(must) + cardinality(filt) = 0 then 1 else 0 end;
     end if;
@@ -675,15 +676,15 @@ begin
         items := array_append(items, jsonb_build_object('t', 'not', 'arg', child));
     end loop;
     if n > 0 then
-        items := array_append(items, agentdb.filter_atleast(n, should));
+        items := array_append(items, agentdb_internal.filter_atleast(n, should));
     end if;
-    ast := agentdb.filter_and(items);
+    ast := agentdb_internal.filter_and(items);
 end;
 $$;
 
 -- Query objects (seed 002, Antfly/Bleve style): term, terms, prefix, numeric and date ranges, conjuncts,
 -- disjuncts (at least `min`, default 1), bool (wrapped or not), match_all, match_none, ids, doc_id.
-create or replace function agentdb.filter_parse_query(
+create or replace function agentdb_internal.filter_parse_query(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -713,7 +714,7 @@ begin
         when node ?| array['start', 'end', 'inclusive_start', 'inclusive_end'] then 'date'
     end;
     if kind is null then
-        perform agentdb.filter_fail(ctx, 'bad_operator', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operator', path,
             'unknown query: expected term, terms, prefix, a numeric or date range, conjuncts, disjuncts, bool,'
             ' match_all, match_none or ids');
     end if;
@@ -728,80 +729,80 @@ begin
             when 'prefix' then array['prefix', 'field']
             else array[kind]
         end;
-        extra := agentdb.filter_extra_key(node, allowed);
+        extra := agentdb_internal.filter_extra_key(node, allowed);
         if extra is not null then
-            perform agentdb.filter_fail(ctx, 'bad_operator', agentdb.filter_key(path, extra),
+            perform agentdb_internal.filter_fail(ctx, 'bad_operator', agentdb_internal.filter_key(path, extra),
                 format('unexpected key %s in a %s query', to_jsonb(extra), kind));
         end if;
     end if;
-    kp := agentdb.filter_key(path, kind);
+    kp := agentdb_internal.filter_key(path, kind);
 
     if kind in ('match_all', 'match_none') then
         if jsonb_typeof(node->kind) <> 'object' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', kp, format('%s takes an empty object {}', kind));
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', kp, format('%s takes an empty object {}', kind));
         end if;
         ast := jsonb_build_object('t', 'const', 'v', kind = 'match_all');
     elsif kind = 'ids' then
-        r := agentdb.filter_ids(ctx, node->'ids', kp, vals);
+        r := agentdb_internal.filter_ids(ctx, node->'ids', kp, vals);
         vals := r.vals;
         ast := r.ast;
     elsif kind = 'doc_id' then
         if jsonb_typeof(node->'doc_id') is distinct from 'object' or not node->'doc_id' ? 'ids'
            or (select count(*) from jsonb_object_keys(node->'doc_id')) <> 1 then
-            perform agentdb.filter_fail(ctx, 'bad_operand', kp, 'doc_id takes {"ids": ["<id>", ...]}');
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', kp, 'doc_id takes {"ids": ["<id>", ...]}');
         end if;
-        r := agentdb.filter_ids(ctx, node->'doc_id'->'ids', agentdb.filter_key(kp, 'ids'), vals);
+        r := agentdb_internal.filter_ids(ctx, node->'doc_id'->'ids', agentdb_internal.filter_key(kp, 'ids'), vals);
         vals := r.vals;
         ast := r.ast;
     elsif kind = 'conjuncts' then
-        r := agentdb.filter_parse_list(ctx, node->'conjuncts', kp, depth, 'conjuncts', nodes, vals);
+        r := agentdb_internal.filter_parse_list(ctx, node->'conjuncts', kp, depth, 'conjuncts', nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
-        ast := agentdb.filter_and(r.asts);
+        ast := agentdb_internal.filter_and(r.asts);
     elsif kind = 'disjuncts' then
-        r := agentdb.filter_parse_list(ctx, node->'disjuncts', kp, depth, 'disjuncts', nodes, vals);
+        r := agentdb_internal.filter_parse_list(ctx, node->'disjuncts', kp, depth, 'disjuncts', nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
         n := 1;
         if coalesce(jsonb_typeof(node->'min'), 'null') <> 'null' then
-            n := agentdb.filter_count(ctx, node->'min', agentdb.filter_key(path, 'min'), 'min');
+            n := agentdb_internal.filter_count(ctx, node->'min', agentdb_internal.filter_key(path, 'min'), 'min');
         end if;
-        ast := agentdb.filter_atleast(n, r.asts);
+        ast := agentdb_internal.filter_atleast(n, r.asts);
     elsif kind = 'bool' then
         if jsonb_typeof(node->'bool') <> 'object' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', kp, 'bool takes an object {must, should, must_not, filter}');
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', kp, 'bool takes an object {must, should, must_not, filter}');
         end if;
-        r := agentdb.filter_parse_bool(ctx, node->'bool', kp, depth, nodes, vals);
+        r := agentdb_internal.filter_parse_bool(ctx, node->'bool', kp, depth, nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
         ast := r.ast;
     elsif kind = 'bool_inline' then
-        r := agentdb.filter_parse_bool(ctx, node, path, depth, nodes, vals);
+        r := agentdb_internal.filter_parse_bool(ctx, node, path, depth, nodes, vals);
         nodes := r.nodes;
         vals := r.vals;
         ast := r.ast;
     elsif kind in ('term', 'terms', 'prefix') then
         if not node ? 'field' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', path, format('a %s query needs a field', kind));
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', path, format('a %s query needs a field', kind));
         end if;
-        spec := agentdb.filter_field(ctx, node->'field', agentdb.filter_key(path, 'field'));
-        r := agentdb.filter_leaf(ctx, case kind when 'term' then 'eq' when 'terms' then 'in' else 'prefix' end,
+        spec := agentdb_internal.filter_field(ctx, node->'field', agentdb_internal.filter_key(path, 'field'));
+        r := agentdb_internal.filter_leaf(ctx, case kind when 'term' then 'eq' when 'terms' then 'in' else 'prefix' end,
                                  spec, node->kind, kp, kp, kind, vals);
         vals := r.vals;
         ast := r.ast;
     elsif kind in ('numeric_range', 'date_range') then
         if jsonb_typeof(node->kind) is distinct from 'object' then
-            perform agentdb.filter_fail(ctx, 'bad_operand', kp, format('%s takes an object with a field', kind));
+            perform agentdb_internal.filter_fail(ctx, 'bad_operand', kp, format('%s takes an object with a field', kind));
         end if;
-        ast := agentdb.filter_parse_range(ctx, node->kind, kp, kind = 'numeric_range');
+        ast := agentdb_internal.filter_parse_range(ctx, node->kind, kp, kind = 'numeric_range');
     else
-        ast := agentdb.filter_parse_range(ctx, node, path, kind = 'numeric');
+        ast := agentdb_internal.filter_parse_range(ctx, node, path, kind = 'numeric');
     end if;
 end;
 $$;
 
 -- Operator objects (vector-store style): keys are field names or $and/$or/$not, all ANDed.
-create or replace function agentdb.filter_parse_object(
+create or replace function agentdb_internal.filter_parse_object(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -813,9 +814,9 @@ declare
     items jsonb[] := '{}';
 begin
     for k, v in select e.key, e.value from jsonb_each(node) e loop
-        kp := agentdb.filter_key(path, k);
+        kp := agentdb_internal.filter_key(path, k);
         if k in ('$and', '$or') then
-            r := agentdb.filter_parse_list(ctx, v, kp, depth, k, nodes, vals);
+            r := agentdb_internal.filter_parse_list(ctx, v, kp, depth, k, nodes, vals);
             nodes := r.nodes;
             vals := r.vals;
             items := array_append(items, case
@@ -823,35 +824,35 @@ begin
                 else jsonb_build_object('t', substr(k, 2), 'args', r.asts) end);
         elsif k = '$not' then
             if jsonb_typeof(v) is distinct from 'object' then
-                perform agentdb.filter_fail(ctx, 'bad_operand', kp, '$not needs a filter object');
+                perform agentdb_internal.filter_fail(ctx, 'bad_operand', kp, '$not needs a filter object');
             end if;
-            r := agentdb.filter_parse(ctx, v, kp, depth + 1, nodes, vals);
+            r := agentdb_internal.filter_parse(ctx, v, kp, depth + 1, nodes, vals);
             nodes := r.nodes;
             vals := r.vals;
             items := array_append(items, jsonb_build_object('t', 'not', 'arg', r.ast));
         elsif left(k, 1) = '$' then
             if k in ('$eq', '$ne', '$gt', '$gte', '$lt', '$lte', '$in', '$nin', '$exists', '$contains') then
-                perform agentdb.filter_fail(ctx, 'bad_operator', kp,
+                perform agentdb_internal.filter_fail(ctx, 'bad_operator', kp,
                     format('%s needs a field: {"<field>": {"%s": ...}}', k, k));
             end if;
-            perform agentdb.filter_fail(ctx, 'bad_operator', kp,
+            perform agentdb_internal.filter_fail(ctx, 'bad_operator', kp,
                 format('unknown operator %s: use $and, $or, $not or a field name', to_jsonb(k)));
         else
-            spec := agentdb.filter_field(ctx, to_jsonb(k), kp);
-            nodes := agentdb.filter_enter(ctx, kp, depth + 1, nodes);
-            r := agentdb.filter_parse_condition(ctx, spec, v, kp, depth + 1, nodes, vals);
+            spec := agentdb_internal.filter_field(ctx, to_jsonb(k), kp);
+            nodes := agentdb_internal.filter_enter(ctx, kp, depth + 1, nodes);
+            r := agentdb_internal.filter_parse_condition(ctx, spec, v, kp, depth + 1, nodes, vals);
             nodes := r.nodes;
             vals := r.vals;
             items := array_append(items, r.ast);
         end if;
     end loop;
-    ast := agentdb.filter_and(items);
+    ast := agentdb_internal.filter_and(items);
 end;
 $$;
 
 -- The condition on one field in an operator object: a bare value ($eq) or an object of operators
 -- ($eq $ne $gt $gte $lt $lte $in $nin $exists $contains $not), ANDed.
-create or replace function agentdb.filter_parse_condition(
+create or replace function agentdb_internal.filter_parse_condition(
     ctx jsonb, spec jsonb, v jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb
 ) language plpgsql stable as $$
 declare
@@ -863,55 +864,55 @@ declare
     items jsonb[] := '{}';
 begin
     if jsonb_typeof(v) = 'array' then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
             'an array literal is only allowed as the list of $in or $nin');
     elsif jsonb_typeof(v) is distinct from 'object' then
-        ast := (agentdb.filter_leaf(ctx, 'eq', spec, v, path, path, '$eq', vals)).ast;
+        ast := (agentdb_internal.filter_leaf(ctx, 'eq', spec, v, path, path, '$eq', vals)).ast;
         return;
     end if;
     if v = '{}'::jsonb then
-        perform agentdb.filter_fail(ctx, 'empty', path, 'the condition has no operator');
+        perform agentdb_internal.filter_fail(ctx, 'empty', path, 'the condition has no operator');
     end if;
     if jsonb_path_exists(v, 'strict $.keyvalue() ? (!(@.key starts with "$"))') then
-        perform agentdb.filter_fail(ctx, 'bad_operand', path,
+        perform agentdb_internal.filter_fail(ctx, 'bad_operand', path,
             'an object value must hold operators such as {"$eq": ...}');
     end if;
     for op, ov in select e.key, e.value from jsonb_each(v) e loop
-        op_path := agentdb.filter_key(path, op);
+        op_path := agentdb_internal.filter_key(path, op);
         if op in ('$eq', '$ne', '$gt', '$gte', '$lt', '$lte') then
-            child := (agentdb.filter_leaf(ctx,
+            child := (agentdb_internal.filter_leaf(ctx,
                 case op when '$eq' then 'eq' when '$ne' then 'ne' when '$gt' then 'gt' when '$gte' then 'ge'
                         when '$lt' then 'lt' else 'le' end,
                 spec, ov, op_path, op_path, op, vals)).ast;
         elsif op in ('$in', '$nin') then
-            r := agentdb.filter_leaf(ctx, substr(op, 2), spec, ov, op_path, op_path, op, vals);
+            r := agentdb_internal.filter_leaf(ctx, substr(op, 2), spec, ov, op_path, op_path, op, vals);
             vals := r.vals;
             child := r.ast;
         elsif op = '$contains' then
-            child := (agentdb.filter_leaf(ctx, 'contains', spec, ov, op_path, op_path, op, vals)).ast;
+            child := (agentdb_internal.filter_leaf(ctx, 'contains', spec, ov, op_path, op_path, op, vals)).ast;
         elsif op = '$exists' then
             if jsonb_typeof(ov) is distinct from 'boolean' then
-                perform agentdb.filter_fail(ctx, 'bad_operand', op_path, '$exists takes true or false');
+                perform agentdb_internal.filter_fail(ctx, 'bad_operand', op_path, '$exists takes true or false');
             end if;
             child := jsonb_build_object('t', 'exists', 'f', spec->>'name');
             if not (ov::text)::boolean then
                 child := jsonb_build_object('t', 'not', 'arg', child);
             end if;
         elsif op = '$not' then
-            nodes := agentdb.filter_enter(ctx, op_path, depth + 1, nodes);
-            r := agentdb.filter_parse_condition(ctx, spec, ov, op_path, depth + 1, nodes, vals);
+            nodes := agentdb_internal.filter_enter(ctx, op_path, depth + 1, nodes);
+            r := agentdb_internal.filter_parse_condition(ctx, spec, ov, op_path, depth + 1, nodes, vals);
             nodes := r.nodes;
             vals := r.vals;
             child := jsonb_build_object('t', 'not', 'arg', r.ast);
         elsif op in ('$and', '$or') then
-            perform agentdb.filter_fail(ctx, 'bad_operator', op_path,
+            perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path,
                 format('%s is not allowed inside a field condition; put it at the filter level', op));
         else
-            perform agentdb.filter_fail(ctx, 'bad_operator', op_path, format('unknown operator %s', to_jsonb(op)));
+            perform agentdb_internal.filter_fail(ctx, 'bad_operator', op_path, format('unknown operator %s', to_jsonb(op)));
         end if;
         items := array_append(items, child);
     end loop;
-    ast := agentdb.filter_and(items);
+    ast := agentdb_internal.filter_and(items);
 end;
 $$;
 
@@ -924,7 +925,7 @@ $$;
 -- a row lacking the key cannot match (no default, or the default is not among the values), so it agrees
 -- with the default-aware comparison. Every other metadata leaf is coalesce(<typed test>, false).
 -- Column fields compare c.<column>; `x op v and x is not null` keeps them two-valued and indexable.
-create or replace function agentdb.filter_leaf_sql(
+create or replace function agentdb_internal.filter_leaf_sql(
     ctx jsonb, ast jsonb, params_ref text, base int, out pred text, out params jsonb[]
 ) language plpgsql stable as $$
 declare
@@ -1038,7 +1039,7 @@ begin
             params := array_append(params, v);
             pred := format('coalesce(%s and starts_with(%s, %s), false)', guard, txt, pt);
         else
-            raise exception 'agentdb.filter_leaf_sql: unexpected leaf %', ast;
+            raise exception 'agentdb_internal.filter_leaf_sql: unexpected leaf %', ast;
         end if;
         return;
     end if;
@@ -1090,7 +1091,7 @@ begin
     elsif t = 'prefix' then
         pred := format('(starts_with(%s, %s) and %s is not null)', val, pt, val);
     else
-        raise exception 'agentdb.filter_leaf_sql: unexpected leaf %', ast;
+        raise exception 'agentdb_internal.filter_leaf_sql: unexpected leaf %', ast;
     end if;
 end;
 $$;
@@ -1098,7 +1099,7 @@ $$;
 -- Compile an AST to SQL over the row alias `c`. Returns the values of this subtree only, which the
 -- predicate reads as (params_ref->N) from N = `base` on: the caller appends them after its own `base`
 -- values, so each value is copied once per level above it rather than once per leaf of the whole filter.
-create or replace function agentdb.filter_sql(
+create or replace function agentdb_internal.filter_sql(
     ctx jsonb, ast jsonb, params_ref text, id_expr text, base int, out pred text, out params jsonb[]
 ) language plpgsql stable as $$
 declare
@@ -1115,7 +1116,7 @@ begin
     elsif t in ('and', 'or', 'atleast') then
         args := ast->'args';
         for i in 0 .. jsonb_array_length(args) - 1 loop
-            r := agentdb.filter_sql(ctx, args->i, params_ref, id_expr, base + cardinality(params));
+            r := agentdb_internal.filter_sql(ctx, args->i, params_ref, id_expr, base + cardinality(params));
             parts := array_append(parts, r.pred);
             foreach v in array r.params loop
                 params := array_append(params, v);
@@ -1129,7 +1130,7 @@ begin
             pred := '(' || array_to_string(parts, ' ' || t || ' ') || ')';
         end if;
     elsif t = 'not' then
-        r := agentdb.filter_sql(ctx, ast->'arg', params_ref, id_expr, base);
+        r := agentdb_internal.filter_sql(ctx, ast->'arg', params_ref, id_expr, base);
         pred := format('(not %s)', r.pred);
         params := r.params;
     elsif t = 'ids' then
@@ -1137,7 +1138,7 @@ begin
         pred := format('((%1$s) = any (array(select jsonb_array_elements_text(%2$s->%3$s))) and (%1$s) is not null)',
                        id_expr, params_ref, base);
     else
-        r := agentdb.filter_leaf_sql(ctx, ast, params_ref, base);
+        r := agentdb_internal.filter_leaf_sql(ctx, ast, params_ref, base);
         pred := r.pred;
         params := r.params;
     end if;
@@ -1149,7 +1150,7 @@ $$;
 -- `params` as `params_ref` in its statement. `id_expr` is trusted SQL naming the document id. An empty
 -- filter (SQL NULL, JSON null, {} or "") is `true`. A filter that does not validate raises 3007
 -- InvalidParamValue with the path `path_prefix.<path inside the filter>`, before any row is read.
-create or replace function agentdb.compile_filter(
+create or replace function agentdb_internal.compile_filter(
     fields jsonb, filter jsonb, params_ref text, id_expr text, path_prefix text default 'filter'
 ) returns table (predicate text, params jsonb) language plpgsql stable as $$
 declare
@@ -1176,10 +1177,10 @@ begin
             where jsonb_typeof(f->'name') = 'string'), '{}'::jsonb));
     -- The size as jsonb (pg_column_size reads the header, whatever the size): long strings are user input too.
     if pg_column_size(filter) > 1048576 then
-        perform agentdb.filter_fail(ctx, 'too_large', '', 'the filter is larger than 1048576 bytes');
+        perform agentdb_internal.filter_fail(ctx, 'too_large', '', 'the filter is larger than 1048576 bytes');
     end if;
-    parsed := agentdb.filter_parse(ctx, filter, '', 1, 0, 0);
-    compiled := agentdb.filter_sql(ctx, parsed.ast, params_ref, id_expr, 0);
+    parsed := agentdb_internal.filter_parse(ctx, filter, '', 1, 0, 0);
+    compiled := agentdb_internal.filter_sql(ctx, parsed.ast, params_ref, id_expr, 0);
     predicate := compiled.pred;
     params := to_jsonb(compiled.params);
     return next;

@@ -9,8 +9,8 @@ declare
     f regprocedure;
 begin
     for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace
-               and p.proname in ('retrieve', 'search', 'similar', 'bm25_maxscore')
+             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
+               and p.proname in ('retrieve', 'search', 'similar', 'bm25_maxscore', 'source_row_sql')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -18,7 +18,7 @@ end;
 $$;
 
 -- Row expressions of a source table aliased c: document id, chunk position, title, text and metadata.
-create or replace function agentdb.source_row_sql(src agentdb.sources)
+create or replace function agentdb_internal.source_row_sql(src agentdb.sources)
 returns table (doc_id text, chunk text, title text, body text, metadata text)
 language plpgsql stable as $$
 declare
@@ -58,7 +58,7 @@ $$;
 -- Returns the best cand chunks by (score desc, chunk id). filter_sql is '' or a join and where clause on alias s
 -- written with retrieve's parameter positions ($5 filter, $6 row filter, $14 excluded document, $17
 -- filter_query, $18 exclusion_query); every statement here passes those values at the same positions.
-create or replace function agentdb.bm25_maxscore(
+create or replace function agentdb_internal.bm25_maxscore(
     source_id int, terms text[], cand int, n_chunks float8, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb
 ) returns table (cid bigint, bm25 float8)
@@ -196,7 +196,7 @@ $$;
 --   Candidate rule: in hybrid mode (or with group_by_doc) each leg fetches
 --     candidates = coalesce(candidates, greatest(100, 4 * top_k)) rows (at most 4000) before fusion;
 --     otherwise the single leg fetches top_k rows.
---   filter and row_filter (a principal's) are compiled by agentdb.compile_filter and applied to both legs.
+--   filter and row_filter (a principal's) are compiled by agentdb_internal.compile_filter and applied to both legs.
 --   fields: projection of the returned metadata/title/text (null = everything).
 --   Under a principal's role (SET ROLE) the source is read through agentdb.source_relation, so columns
 --   outside the field grant read as null; the row filter is then applied by the role's row security, and
@@ -239,9 +239,7 @@ declare
     pred_params jsonb;
     row_pred text;
     row_params jsonb;
-    fq_pred text;
     fq_params jsonb;
-    ex_pred text;
     ex_params jsonb;
     use_dense boolean := mode in ('dense', 'hybrid');
     use_sparse boolean := mode in ('lexical', 'hybrid');
@@ -252,8 +250,7 @@ declare
     stmt text;
     result jsonb;
     diag jsonb;
-    allowed text[];
-    i int;
+    sc record;
     avgdl float8;
     filter_join text;
     -- Postings the lexical leg scans before it knows a score threshold (see the lexical leg below): the
@@ -307,44 +304,20 @@ begin
                    vector_dims(query_embedding), src.name, src.embedding_dim), 'query_embedding');
     end if;
 
-    -- Projection: only known names.
-    allowed := array['title', 'text'] || array(select f->>'name' from jsonb_array_elements(src.fields) f);
-    if fields is not null then
-        for i in 1 .. coalesce(cardinality(fields), 0) loop
-            if not fields[i] = any(allowed) then
-                perform agentdb.raise_error(3007, 'InvalidParamValue',
-                    format('unknown field %L in the projection; known: %s', fields[i], array_to_string(allowed, ', ')),
-                    format('fields[%s]', i - 1));
-            end if;
-        end loop;
-    end if;
+    perform agentdb.check_projection(src, fields);
 
     principal := agentdb.current_principal() is not null;
     rel := agentdb.source_relation(src);
     stats_rel := case when principal then 'agentdb.principal_term_stats($9, $2)' else 'agentdb.term_stats' end;
-    select * into r from agentdb.source_row_sql(src);
-    select c.predicate, c.params into pred, pred_params
-    from agentdb.compile_filter(src.fields, filter, '$5', r.doc_id, 'filter') c;
-    if principal and row_filter is not null and agentdb.principal_row_filter_applies(row_filter) then
-        row_pred := 'true';
-        row_params := '[]'::jsonb;
-    else
-        select c.predicate, c.params into row_pred, row_params
-        from agentdb.compile_filter(src.fields, row_filter, '$6', r.doc_id, 'row_filter') c;
-    end if;
-    -- filter_query must match and exclusion_query must not (seed 002 query objects); ANDed with filter.
-    select c.predicate, c.params into fq_pred, fq_params
-    from agentdb.compile_filter(src.fields, filter_query, '$17', r.doc_id, 'filter_query') c;
-    select c.predicate, c.params into ex_pred, ex_params
-    from agentdb.compile_filter(src.fields, exclusion_query, '$18', r.doc_id, 'exclusion_query') c;
-    if fq_pred <> 'true' then
-        pred := format('(%s) and (%s)', pred, fq_pred);
-    end if;
-    if exclusion_query is not null and ex_pred <> 'true' then
-        pred := format('(%s) and not (%s)', pred, ex_pred);
-    elsif exclusion_query is not null and exclusion_query <> '{}'::jsonb and exclusion_query <> 'null'::jsonb then
-        pred := 'false';  -- excluding everything (e.g. match_all) leaves nothing
-    end if;
+    select * into r from agentdb_internal.source_row_sql(src);
+    select * into sc from agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
+                                                  array['$5', '$6', '$17', '$18']);
+    pred := sc.pred;
+    pred_params := sc.filter_params;
+    row_pred := sc.row_pred;
+    row_params := sc.row_params;
+    fq_params := sc.fq_params;
+    ex_params := sc.ex_params;
     if exclude_doc is not null then
         pred := format('(%s) and %s is distinct from $14', pred, r.doc_id);
     end if;
@@ -391,7 +364,7 @@ begin
     end if;
 
     -- The lexical leg: exact BM25, the best `cand` chunks. When the query terms' postings fit the seed budget
-    -- they are summed here; beyond it agentdb.bm25_maxscore prunes (same scores, same order).
+    -- they are summed here; beyond it agentdb_internal.bm25_maxscore prunes (same scores, same order).
     -- The lexical leg may skip the join to the source table only when no row can be hidden from it: no
     -- filter, and no row-level security in force for the current role, or a principal's role, which
     -- reads only the postings of chunks it can read (its policy on agentdb.postings).
@@ -424,7 +397,7 @@ begin
             limit $3 $q$, stats_rel, filter_join);
     else
         sparse_sql := format(
-            'select m.cid, m.bm25 from agentdb.bm25_maxscore($9, $2, $3, $10, $11, $12, $13, $19, %L,'
+            'select m.cid, m.bm25 from agentdb_internal.bm25_maxscore($9, $2, $3, $10, $11, $12, $13, $19, %L,'
             ' $5, $6, $14, $17, $18) m', filter_join);
     end if;
 
@@ -453,9 +426,7 @@ begin
                     'rank_dense', t.rank_dense, 'rank_sparse', t.rank_sparse,
                     'title', case when $16::text[] is null or 'title' = any($16) then %s end,
                     'text', case when $16::text[] is null or 'text' = any($16) then %s end,
-                    'metadata', case when $16::text[] is null then %s
-                                     else (select coalesce(jsonb_object_agg(key, value), '{}'::jsonb)
-                                           from jsonb_each(%s) where key = any($16)) end
+                    'metadata', agentdb.project_metadata(%s, $16)
                 ) order by t.rank)
                 from top t join %s c on c.agentdb_chunk_id = t.cid), '[]'::jsonb),
             'dense_raw_count', (select count(*) from dense),
@@ -466,7 +437,7 @@ begin
         dense_sql, sparse_sql,
         score_sql, r.doc_id, r.chunk, r.doc_id, score_sql, r.chunk,
         rel,
-        r.title, r.body, r.metadata, r.metadata,
+        r.title, r.body, r.metadata,
         rel);
 
     execute stmt into result using
@@ -554,7 +525,7 @@ begin
     if not found then
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', $1), 'source');
     end if;
-    select * into r from agentdb.source_row_sql(src);
+    select * into r from agentdb_internal.source_row_sql(src);
     execute format('select c.agentdb_embedding from %s c where %s = $1 and c.agentdb_embedding is not null'
                    ' order by %s limit 1', agentdb.source_relation(src), r.doc_id, r.chunk)
         into v using $2;

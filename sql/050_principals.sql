@@ -5,7 +5,8 @@
 -- itself, ingestion) bypasses RLS as usual.
 --
 -- What a principal role may read:
---   * USAGE on the schemas agentdb and agentdb_docs (and that of any registered table it may read);
+--   * USAGE on the schemas agentdb and agentdb_docs (and that of any registered table it may read), and on
+--     agentdb_internal with EXECUTE on its functions, which agentdb's reads call under the role;
 --   * on each of its source tables, under a policy `for select to <role> using (<row filter>)`, SELECT on
 --     only the columns of its field grant (column privileges): the row key, the chunk position, the
 --     embedding, `title` and `text` when granted; of a document table's `metadata` either the whole column
@@ -36,6 +37,26 @@
 -- and the policy belong to the table itself; the chunks function refers to it only in its body text and is
 -- rewritten when a source is released.
 
+-- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
+-- would leave an older overload behind and make calls ambiguous (not the trigger function, which the
+-- triggers on agentdb.sources hold and which takes no arguments).
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.prorettype <> 'trigger'::regtype
+               and p.proname = any (array['principal_role', 'principal_object', 'principal_params_function',
+                   'principal_policy_sql', 'principal_chunks_function', 'current_principal', 'metadata_projection',
+                   'principal_columns', 'source_relation', 'principal_row_filter_applies', 'principal_term_stats',
+                   'principal_install_postings', 'principal_install', 'principal_grant', 'principal_release_table',
+                   'principal_revoke', 'principal_reinstall', 'principal_uninstall'])
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
+
 -- The role of principal `principal_id` in this database. Roles are shared by the whole cluster while
 -- principals belong to one database, so the database oid keeps two agentdb databases apart.
 create or replace function agentdb.principal_role(principal_id int) returns name
@@ -57,7 +78,7 @@ language sql immutable as $$
 select format('principal_params_%s', principal_id)
 $$;
 
--- The row filter of a principal as a policy expression on `src`'s table: agentdb.compile_filter's
+-- The row filter of a principal as a policy expression on `src`'s table: agentdb_internal.compile_filter's
 -- predicate over the alias `c`, evaluated on a one-row subquery aliased `c` that takes the columns the
 -- compiler may read from the policy's own row, and whose values come from the principal's params
 -- function (an uncorrelated sub-select, so it runs once per statement). Also returns the values.
@@ -70,9 +91,9 @@ declare
     cols text;
     params_ref text := format('(select agentdb.%I(%s))', agentdb.principal_params_function(principal_id), src.id);
 begin
-    select * into r from agentdb.source_row_sql(src);
+    select * into r from agentdb_internal.source_row_sql(src);
     select c.predicate, c.params into pred, params
-    from agentdb.compile_filter(src.fields, row_filter, params_ref, r.doc_id, 'row_filter') c;
+    from agentdb_internal.compile_filter(src.fields, row_filter, params_ref, r.doc_id, 'row_filter') c;
     if pred in ('true', 'false') then
         expr := pred;
         return next;
@@ -306,7 +327,8 @@ declare
     keys text[];
 begin
     select * into p from agentdb.principals where id = principal_id;
-    execute format('grant usage on schema agentdb, agentdb_docs to %I', p.role);
+    execute format('grant usage on schema agentdb, agentdb_docs, agentdb_internal to %I', p.role);
+    execute format('grant execute on all functions in schema agentdb_internal to %I', p.role);
     execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.postings to %I', p.role);
     execute format($f$
         create or replace function agentdb.%I(source_id int) returns jsonb
@@ -422,6 +444,7 @@ begin
     end if;
     execute format('revoke all on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats, agentdb.postings from %I',
                    p.role);
+    execute format('revoke all on all functions in schema agentdb_internal from %I', p.role);
     for nsp in
         select n.nspname from pg_namespace n, aclexplode(n.nspacl) a
         where a.grantee = (select r.oid from pg_roles r where r.rolname = p.role)

@@ -17,14 +17,27 @@
 --     longest suffix of the first that is a prefix of the second is written once (agentdb.chunk_overlap).
 --     With chunk_overlap = 0, or when no overlap is found, consecutive chunks are joined with one space;
 --     positions that are not consecutive (a neighbour missing or hidden by a filter) with ' … '.
---   * Every neighbour read re-applies `filter` and `row_filter` (compiled like agentdb.retrieve's), and runs
---     under the caller's role, so row security hides what it hides from the search too; a principal's role
---     reads through agentdb.source_relation and its own row filter is applied by its row security, as in
---     agentdb.retrieve. `fields` projects the text as in agentdb.retrieve: without 'text' the merged hit
---     carries no text (and a role whose field grant lacks 'text' reads none).
+--   * Every neighbour is read by agentdb.read, the one scoped reader: `filter`, `filter_query`,
+--     `exclusion_query` and `row_filter` apply as in agentdb.retrieve, under the caller's role, so row
+--     security hides what it hides from the search too. `fields` projects the text as in agentdb.retrieve:
+--     without 'text' the merged hit carries no text (and a role whose field grant lacks 'text' reads none).
 --   * expand_window = 1 changes nothing (no merging either); each hit only gains `chunks` = [chunk] and
 --     `hit_chunks` = [chunk]. Registered tables (one row per document) are returned the same way.
 --   * A hit none of whose window is readable is returned as it came, with `chunks` = [].
+
+-- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
+-- would leave an older overload behind and make calls ambiguous.
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.proname in ('expand', 'chunk_overlap', 'chunk_join')
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
 
 -- Length of the longest suffix of `a` that is also a prefix of `b` (0 when there is none). Candidate
 -- starts are the occurrences in `a` of b's first character, tried from the longest suffix down.
@@ -84,16 +97,14 @@ create or replace function agentdb.expand(
     expand_window int default 3,
     filter jsonb default null,
     row_filter jsonb default null,
-    fields text[] default null
+    fields text[] default null,
+    filter_query jsonb default null,
+    exclusion_query jsonb default null
 ) returns jsonb
 language plpgsql stable as $$
 declare
     src agentdb.sources;
     r record;
-    pred text;
-    pred_params jsonb;
-    row_pred text;
-    row_params jsonb;
     groups jsonb;
     texts jsonb := '{}'::jsonb;   -- group id -> {"text", "chunks"}
     cur_gid int;
@@ -167,27 +178,18 @@ begin
         ) grouped
     ) numbered;
 
-    select * into r from agentdb.source_row_sql(src);
-    select c.predicate, c.params into pred, pred_params
-    from agentdb.compile_filter(src.fields, filter, '$2', r.doc_id, 'filter') c;
-    if row_filter is not null and agentdb.current_principal() is not null
-       and agentdb.principal_row_filter_applies(row_filter) then
-        row_pred := 'true';
-        row_params := '[]'::jsonb;
-    else
-        select c.predicate, c.params into row_pred, row_params
-        from agentdb.compile_filter(src.fields, row_filter, '$3', r.doc_id, 'row_filter') c;
-    end if;
     dedup := src.chunk_overlap > 0;
 
     -- One read for every window: the readable chunks of each group, in document order.
-    for r in execute format($q$
-        select g.gid, c.chunk, c.text
-        from jsonb_to_recordset($1) as g(gid int, id text, lo int, hi int)
-        join %s c on c.doc_id = g.id and c.chunk between g.lo and g.hi
-        where (%s) and (%s)
-        order by g.gid, c.chunk $q$, agentdb.source_relation(src), pred, row_pred)
-        using groups, pred_params, row_params
+    for r in
+        select x.ord as gid, x.chunk, x.text
+        from agentdb.read(expand.source,
+                          array(select g->>'id' from jsonb_array_elements(groups) g order by (g->>'gid')::int),
+                          array(select (g->>'lo')::int from jsonb_array_elements(groups) g order by (g->>'gid')::int),
+                          array(select (g->>'hi')::int from jsonb_array_elements(groups) g order by (g->>'gid')::int),
+                          filter => expand.filter, filter_query => expand.filter_query,
+                          exclusion_query => expand.exclusion_query, row_filter => expand.row_filter,
+                          fields => expand.fields) x
     loop
         if cur_gid is distinct from r.gid then
             if cur_gid is not null then

@@ -37,6 +37,7 @@ from agentdb.errors import (
     InvalidParamValue,
     StorageFileNotFound,
     Unauthorized,
+    from_db_error,
 )
 from agentdb.retrieval import retrieve
 from agentdb.sources import FieldSpec, create_document_source, drop_source, get_source, register_table
@@ -821,7 +822,7 @@ def test_retrieve_under_the_role(conn: psycopg.Connection[Any], corpus: dict[str
         "dense": allowed & embedded,
         "hybrid": allowed & (lexical | embedded),
     }
-    # Seed budget 1 sends the lexical leg through agentdb.bm25_maxscore (pruning) instead of the plain sum.
+    # Seed budget 1 sends the lexical leg through agentdb_internal.bm25_maxscore (pruning) instead of the plain sum.
     for mode, pass_row_filter, seed_postings in itertools.product(
         ["lexical", "dense", "hybrid"], [False, True], ["20000", "1"]
     ):
@@ -899,3 +900,80 @@ def test_a_malformed_seed_setting_is_a_clear_error(
     assert err.value.path == "agentdb.lexical_seed_postings" and "whole number" in str(err.value)
     conn.execute("set agentdb.lexical_seed_postings = 123456789012345678")
     assert retrieve(conn, "docs", "wal archive", mode="lexical").hits
+
+
+# The one scoped reader ---------------------------------------------------------------------------------
+
+
+def _excluded(meta: dict[str, Any], doc_id: str, exclusion: dict[str, Any] | None) -> bool:
+    return exclusion not in (None, {}) and matches(FIELD_DICTS, exclusion, doc_id, meta)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_scoped_reader_returns_exactly_the_visible_projected_rows(
+    conn: psycopg.Connection[Any], corpus: dict[str, dict[str, Any]], data: st.DataObject
+) -> None:
+    """agentdb.read, called from SQL under a principal's role with random row filters, query filters,
+    exclusions, field grants and keys (some missing, some repeated, some with chunk ranges): the rows are
+    exactly the oracle's, projected to the grant, and a hidden key looks like a missing one."""
+    row_filter = data.draw(filters(FIELD_DICTS, DOC_IDS), label="row_filter")
+    grant = data.draw(
+        st.none() | st.lists(st.sampled_from(["title", "text", "year", "status", "tags"]), unique=True),
+        label="fields",
+    )
+    # Query filters name granted fields only, as check_filter requires before any read (under the role a
+    # hidden field reads as absent, so a filter on it matches nothing rather than leaking).
+    readable = [f for f in FIELD_DICTS if grant is None or f["name"] in grant]
+    query_filter = data.draw(st.none() | filters(readable, DOC_IDS), label="filter")
+    exclusion = data.draw(st.none() | filters(readable, DOC_IDS), label="exclusion_query")
+    keys = data.draw(st.lists(st.sampled_from([*DOC_IDS, "missing"]), max_size=12), label="keys")
+    ranged = data.draw(st.booleans(), label="ranged")
+    chunk_from = [data.draw(st.sampled_from([None, 0, 1])) for _ in keys] if ranged else None
+    principal, _ = create_principal(
+        conn, f"r{next(_names)}", tables=["docs"], row_filter=row_filter, fields=grant
+    )
+    try:
+        fields = check_fields(principal, None)
+        with principal_scope(conn, principal) as scoped:
+            got = scoped.execute(
+                "select ord, doc_id, chunk, title, text, metadata from agentdb.read('docs', %s, %s,"
+                " filter => %s, exclusion_query => %s, fields => %s)",
+                (
+                    keys,
+                    chunk_from,
+                    None if query_filter is None else Jsonb(query_filter),
+                    None if exclusion is None else Jsonb(exclusion),
+                    fields,
+                ),
+            ).fetchall()
+        allowed = _allowed(corpus, row_filter)
+        projected = _projected(conn, "docs", allowed, grant)
+        expected = [
+            (i + 1, key, 0, *projected[(key, 0)])
+            for i, key in enumerate(keys)
+            if key in allowed
+            and matches(FIELD_DICTS, query_filter, key, corpus[key])
+            and not _excluded(corpus[key], key, exclusion)
+            and (chunk_from is None or (chunk_from[i] or 0) == 0)
+        ]
+        assert [tuple(r) for r in got] == expected
+    finally:
+        delete_principal(conn, principal.name)
+
+
+def test_the_scoped_reader_refuses_bad_arguments(
+    conn: psycopg.Connection[Any], corpus: dict[str, Any]
+) -> None:
+    """Unknown sources and fields, and ranges that do not match the keys, are errors with a path."""
+    cases = [
+        ("select * from agentdb.read('nope', array['d00'])", "source"),
+        ("select * from agentdb.read('docs', array['d00'], fields => array['secret'])", "fields[0]"),
+        ("select * from agentdb.read('docs', array['d00', 'd01'], array[0])", "chunk_from"),
+        ("select * from agentdb.read('docs', array['d00'], null, array[0, 1])", "chunk_to"),
+    ]
+    for statement, path in cases:
+        with pytest.raises(psycopg.Error) as raised, conn.transaction():
+            conn.execute(statement)
+        error = from_db_error(raised.value)
+        assert error is not None and error.path == path, (statement, error)

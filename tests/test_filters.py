@@ -1,4 +1,4 @@
-"""Metadata filters: agentdb.compile_filter against a real PostgreSQL, checked with the Python oracle."""
+"""Metadata filters: agentdb_internal.compile_filter against a real PostgreSQL, checked with the Python oracle."""
 
 from __future__ import annotations
 
@@ -446,7 +446,7 @@ def test_error_path_prefix_and_sql_error_shape(conn: psycopg.Connection[Any]) ->
     # From SQL: SQLSTATE ADB00 with the code, name and path as JSON detail.
     with pytest.raises(psycopg.Error) as raw:
         conn.execute(
-            "select * from agentdb.compile_filter(%s, %s, '$1', 'c.doc_id')",
+            "select * from agentdb_internal.compile_filter(%s, %s, '$1', 'c.doc_id')",
             (Jsonb(FIELD_DICTS), Jsonb({"year": "x"})),
         )
     assert raw.value.sqlstate == "ADB00"
@@ -466,7 +466,9 @@ def test_error_path_prefix_and_sql_error_shape(conn: psycopg.Connection[Any]) ->
 def test_empty_filters_compile_to_true(conn: psycopg.Connection[Any], empty: Any) -> None:
     source = create_document_source(conn, "t", embedding_model="m", embedding_dim=3, fields=FIELDS)
     assert compile_filter(conn, source, empty, REF) == ("true", [])
-    row = conn.execute("select * from agentdb.compile_filter('[]', 'null', '$1', 'c.doc_id')").fetchone()
+    row = conn.execute(
+        "select * from agentdb_internal.compile_filter('[]', 'null', '$1', 'c.doc_id')"
+    ).fetchone()
     assert row == ("true", [])
 
 
@@ -574,7 +576,7 @@ def test_predicate_runs_inside_plpgsql_with_a_bound_parameter(
         declare pred text; prm jsonb; n bigint;
         begin
             select predicate, params into pred, prm
-            from agentdb.compile_filter((select fields from agentdb.sources where name = 't'), f, '$1', 'c.doc_id');
+            from agentdb_internal.compile_filter((select fields from agentdb.sources where name = 't'), f, '$1', 'c.doc_id');
             execute format('select count(*) from agentdb_docs.t c where %s', pred) into n using prm;
             return n;
         end $$""")
@@ -685,7 +687,7 @@ def _plpgsql_calls(conn: psycopg.Connection[Any], filter: Any) -> int:
         conn.execute("set local track_functions = 'pl'")
         before = conn.execute(count).fetchone()
         conn.execute(
-            "select * from agentdb.compile_filter(%s, %s, '$1', 'c.doc_id')",
+            "select * from agentdb_internal.compile_filter(%s, %s, '$1', 'c.doc_id')",
             (Jsonb(FIELD_DICTS), Jsonb(filter)),
         ).fetchone()
         after = conn.execute(count).fetchone()
@@ -843,7 +845,7 @@ def items(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
 
 def column_rows(conn: psycopg.Connection[Any], filter: Any) -> set[str]:
     row = conn.execute(
-        "select predicate, params from agentdb.compile_filter(%s, %s, %s, %s)",
+        "select predicate, params from agentdb_internal.compile_filter(%s, %s, %s, %s)",
         (Jsonb(COLUMN_FIELDS), Jsonb(filter), REF, 'c."id"::text'),
     ).fetchone()
     assert row is not None
@@ -916,7 +918,7 @@ def test_column_equality_stays_indexable(
     conn.execute("create index on items (n)")
     conn.execute("set enable_seqscan = off")
     row = conn.execute(
-        "select predicate, params from agentdb.compile_filter(%s, %s, %s, %s)",
+        "select predicate, params from agentdb_internal.compile_filter(%s, %s, %s, %s)",
         (Jsonb(COLUMN_FIELDS), Jsonb({"size": 4}), REF, 'c."id"::text'),
     ).fetchone()
     assert row is not None
@@ -991,7 +993,7 @@ def test_fields_named_like_query_keys(conn: psycopg.Connection[Any]) -> None:
 
     def run(filter: Any) -> set[str]:
         row = conn.execute(
-            "select predicate, params from agentdb.compile_filter(%s, %s, %s, 'c.doc_id')",
+            "select predicate, params from agentdb_internal.compile_filter(%s, %s, %s, 'c.doc_id')",
             (Jsonb(fields), Jsonb(filter), REF),
         ).fetchone()
         assert row is not None
@@ -1014,7 +1016,7 @@ def test_hostile_names_in_the_schema_are_quoted(conn: psycopg.Connection[Any]) -
     conn.execute("create table odd (doc_id text, metadata jsonb not null)")
     conn.execute("insert into odd values ('a', %s), ('b', %s)", (Jsonb({key: "v"}), Jsonb({key: "w"})))
     row = conn.execute(
-        "select predicate, params from agentdb.compile_filter(%s, %s, %s, 'c.doc_id')",
+        "select predicate, params from agentdb_internal.compile_filter(%s, %s, %s, 'c.doc_id')",
         (Jsonb(fields), Jsonb({"$or": [{key: "v"}, {key: {"$gt": "v", "$ne": "x"}}]}), REF),
     ).fetchone()
     assert row is not None

@@ -140,6 +140,8 @@ def run_query(
                 filter=spec.filter,
                 row_filter=row_filter,
                 fields=fields,
+                filter_query=spec.filter_query,
+                exclusion_query=spec.exclusion_query,
             )
     return outcome
 

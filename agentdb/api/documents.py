@@ -21,6 +21,7 @@ from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, St
 from agentdb.filters import compile_filter
 from agentdb.ingest.pipeline import Document, ingest
 from agentdb.ingest.readers import Located
+from agentdb.reader import read
 from agentdb.sources import FieldSpec, Source, get_source
 
 router = APIRouter(tags=["documents"])
@@ -203,55 +204,16 @@ def get_document(
         check_tool(caller, "search")
         check_table(caller, name, path="source")
         fields = check_fields(caller, None, path="fields")
-    source = get_source(conn, name)
-    # The row expressions (document id, chunk, title, text, metadata) of this kind of source, built by
-    # agentdb.source_row_sql from the catalog with quoted identifiers.
-    shape = conn.execute(
-        "select r.* from agentdb.sources s, agentdb.source_row_sql(s) r where s.name = %s", (name,)
-    ).fetchone()
-    assert shape is not None
-    doc_id_sql, chunk_sql, title_sql, body_sql, metadata_sql = (sql.SQL(part) for part in shape)
-    row_filter = caller.row_filter if caller else None
-    predicate, params = compile_filter(conn, source, row_filter, "%(row_params)s::jsonb", "row_filter")
+    get_source(conn, name)
     with read_scope(conn, caller):
-        table: sql.Composable = source.table
-        if caller is not None:
-            # The principal's role reads the relation agentdb.source_relation gives it (columns outside its
-            # field grant are null), and its row security applies its row filter already; the filter is
-            # applied here again only if it were not the role's own (agentdb.retrieve does the same).
-            scoped = conn.execute(
-                "select agentdb.source_relation(s), agentdb.principal_row_filter_applies(%s)"
-                " from agentdb.sources s where s.name = %s",
-                (None if row_filter is None else Jsonb(row_filter), name),
-            ).fetchone()
-            assert scoped is not None
-            table = sql.SQL(scoped[0])
-            if scoped[1]:
-                predicate, params = "true", []
-        query = sql.SQL(
-            "select {doc}, {chunk}, {title}, {body}, {meta} from {table} c"
-            " where {doc} = %(doc_id)s and ({predicate}) order by {chunk}"
-        ).format(
-            doc=doc_id_sql,
-            chunk=chunk_sql,
-            title=title_sql,
-            body=body_sql,
-            meta=metadata_sql,
-            table=table,
-            predicate=sql.SQL(predicate),
-        )
-        rows = conn.execute(query, {"doc_id": doc_id, "row_params": Jsonb(params)}).fetchall()
+        rows = read(conn, name, [doc_id], row_filter=caller.row_filter if caller else None, fields=fields)
     if not rows:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
-    metadata = rows[0][4] or {}
-    if fields is not None:
-        metadata = {k: v for k, v in metadata.items() if k in fields}
-    show_text = fields is None or "text" in fields
     return DocumentOut(
-        id=rows[0][0],
-        title=rows[0][2] if fields is None or "title" in fields else None,
-        chunks=[{"chunk": r[1], "text": r[3] if show_text else None} for r in rows],
-        metadata=metadata,
+        id=rows[0].doc_id,
+        title=rows[0].title,
+        chunks=[{"chunk": r.chunk, "text": r.text} for r in rows],
+        metadata=rows[0].metadata,
     )
 
 

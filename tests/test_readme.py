@@ -1,0 +1,203 @@
+"""The README, run from the README: every fenced code block is read from README.md and executed as written
+(shell blocks with bash, SQL blocks with psycopg) against a real demo database served by `agentdb demo`, so
+the documentation cannot drift from the product. Only what cannot exist on a test machine is substituted,
+and each substitution is named where it happens: the test database for DATABASE_URL, the test server's port
+for 8080, and small input files in a scratch directory for the file names the examples ingest.
+
+Marked `corpus`: it loads the demo corpus (the PostgreSQL manual, 9,182 chunks) from its knowledge pack."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SCIFACT = ROOT.parent / "shared" / "datasets" / "scifact" / "corpus.jsonl.gz"
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.corpus
+
+
+def blocks() -> list[tuple[str, str, int]]:
+    """(language, text, line) of every fenced block of the README."""
+    found, lines = [], README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if fence:
+            start, body = i + 1, []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            found.append((fence.group(1), "\n".join(body), start))
+        i += 1
+    return found
+
+
+def commands(text: str) -> list[str]:
+    """A shell block's commands, one per line with backslash continuations joined (a block whose quoted
+    argument spans lines is run whole instead)."""
+    return [c.strip() for c in re.sub(r"\\\n\s*", " ", text).splitlines() if c.strip()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def demo(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """`agentdb demo` (what `make run` runs) serving a fresh database on a free port, as `make run` does."""
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute("drop database if exists agentdb_readme")
+        admin.execute("create database agentdb_readme")
+    db_url = psycopg.conninfo.make_conninfo(server_url, dbname="agentdb_readme")
+    port = _free_port()
+    workdir = tmp_path_factory.mktemp("readme")
+    env = {**os.environ, "DATABASE_URL": db_url, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    log = (workdir / "demo.log").open("w")
+    server = subprocess.Popen(
+        [str(BIN / "agentdb"), "demo", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (workdir / "demo.log").read_text()
+            assert time.monotonic() < deadline, "agentdb demo did not serve within 10 minutes"
+            time.sleep(0.5)
+        yield {"db_url": db_url, "port": port, "env": env, "workdir": workdir}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute("drop database if exists agentdb_readme with (force)")
+
+
+def sh(command: str, demo: dict[str, Any], cwd: Path | None = None, **env: str) -> str:
+    """Run one README command with bash: `.venv/bin/` is this test's environment, port 8080 the demo's."""
+    command = command.replace(".venv/bin/", f"{BIN}/").replace("127.0.0.1:8080", f"127.0.0.1:{demo['port']}")
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", command],
+        cwd=cwd or ROOT,
+        env={**demo["env"], **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stderr}"
+    return result.stdout
+
+
+def _ingest_inputs(workdir: Path) -> Path:
+    """The files the ingestion examples name, small: 40 SciFact records at ../shared/datasets/scifact/ as seen
+    from the scratch directory, products.csv (sku, description, price) and notes.parquet (one bad row)."""
+    here = workdir / "project"
+    scifact = workdir / "shared" / "datasets" / "scifact"
+    scifact.mkdir(parents=True)
+    here.mkdir()
+    with gzip.open(SCIFACT, "rt") as src, gzip.open(scifact / "corpus.jsonl.gz", "wt") as dst:
+        for _, line in zip(range(40), src, strict=False):
+            dst.write(line)
+    (here / "products.csv").write_text(
+        "sku,description,price\nA-1,stainless steel kettle with a whistle,24.5\nB-2,cast iron pan,31\n"
+    )
+    duckdb.sql(
+        "select * from (values ('n1', 'restart the replica after the failover', '<p>x</p>'),"
+        " ('n2', null, '<p>empty</p>')) t(_id, text, raw_html)"
+    ).write_parquet(str(here / "notes.parquet"))
+    return here
+
+
+def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
+    """Each block in README order; every block must be recognised, so a new kind of example fails here
+    until this test knows how to run it."""
+    found = blocks()
+    assert len(found) >= 6
+    key = ""
+    for language, text, line in found:
+        cmds = commands(text)
+        where = f"README.md:{line}"
+        if language == "sh" and cmds[0].startswith("make "):
+            # The quick start: `make run` is install + `agentdb demo` (running in the fixture, answering
+            # below); `make test` is this suite, which CI runs through .ci/run.
+            makefile = (ROOT / "Makefile").read_text()
+            assert re.search(r"^run: install\n\t\$\(BIN\)/agentdb demo$", makefile, re.M), where
+            assert re.search(r"^test: dev\n\t\$\(BIN\)/python -m pytest -q$", makefile, re.M), where
+            assert [c.split()[1] for c in cmds] == ["run", "test"], where
+            health = httpx.get(f"http://127.0.0.1:{demo['port']}/healthz").json()
+            assert health["status"] == "ok", health
+        elif language == "sh" and cmds[0].startswith("DATABASE_URL="):
+            # The external-PostgreSQL example, with the test database's URL for the placeholder one.
+            (cmd,) = cmds
+            sh(cmd.split(" ", 1)[1], demo, DATABASE_URL=demo["db_url"])
+        elif language == "sh" and cmds[0].startswith(".venv/bin/agentdb ingest"):
+            here = _ingest_inputs(demo["workdir"])
+            for cmd in cmds:
+                sh(cmd, demo, cwd=here)
+            sources = json.loads(sh(".venv/bin/agentdb sources --json", demo))
+            counts = {s["name"]: s["documents"] for s in sources}
+            assert counts["papers"] == 40 and counts["products"] == 2 and counts["notes"] == 1, counts
+        elif language == "sh" and cmds[0].startswith("curl"):
+            body = json.loads(sh(text, demo))  # one command whose JSON body spans lines
+            assert body["route"] == "found" and len(body["hits"]) == 5, body
+            assert all(set(h["_source"]) <= {"title", "section"} for h in body["hits"]), where
+            assert any("archiv" in h["_source"]["title"].lower() for h in body["hits"]), where
+        elif language == "sh" and cmds[0].startswith(".venv/bin/agentdb principal create"):
+            create, curl = cmds
+            key = sh(create, demo).strip()
+            assert re.fullmatch(r"\S{20,}", key), key
+            anonymous = httpx.get(f"http://127.0.0.1:{demo['port']}/sources")
+            assert anonymous.status_code == 401, anonymous.text
+            granted = json.loads(sh(curl, demo, KEY=key))
+            assert [s["name"] for s in granted] == ["pgdocs"], granted
+            names = {f["name"] for f in granted[0]["fields"]}
+            assert names <= {"title", "text", "kind"} and "kind" in names, names
+        elif language == "sql":
+            statements = [s.strip() for s in re.sub(r"--[^\n]*", "", text).split(";") if s.strip()]
+            assert len(statements) == 3, where
+            with psycopg.connect(demo["db_url"]) as conn:
+                for statement in statements:
+                    rows = conn.execute(statement).fetchall()
+                    assert rows, f"{where}: {statement} returned nothing"
+        else:
+            raise AssertionError(f"{where}: a {language or 'plain'} block this test does not know how to run")
+    assert key, "the principal example did not run"
+    with psycopg.connect(demo["db_url"]) as conn:
+        assert conn.execute("select count(*) from agentdb.principals").fetchone() == (1,)
+
+
+def test_the_readme_sql_answers_as_documented(demo: dict[str, Any]) -> None:
+    """What the SQL examples promise: lexical hits for 'continuous archiving', a kind filter that holds and
+    similar documents that exclude the document itself."""
+    (sql,) = [text for language, text, _ in blocks() if language == "sql"]
+    first, second, third = [s.strip() for s in re.sub(r"--[^\n]*", "", sql).split(";") if s.strip()]
+    with psycopg.connect(demo["db_url"]) as conn:
+        rows = conn.execute(first).fetchall()
+        assert len(rows) == 5 and any(r[0].startswith("continuous-archiving.html") for r in rows)
+        kinds = conn.execute(second.replace("select *", "select metadata->>'kind'")).fetchall()
+        assert kinds and {k for (k,) in kinds} == {"sect2"}
+        similar = conn.execute(third).fetchall()
+        assert len(similar) == 5 and all(r[0] != "continuous-archiving.html" for r in similar)
