@@ -278,6 +278,7 @@ def whitespace_spans(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"\S+", text)]
 
 
+@pytest.mark.corpus
 def test_equals_python_reference_on_scifact_chunks(conn: psycopg.Connection[Any]) -> None:
     path = scifact_path() / "corpus.jsonl.gz"
     size, overlap = 24, 6

@@ -287,6 +287,7 @@ def test_cli_export_import_then_check(
     assert missing.returncode == 2 and "3010 StorageFileNotFound" in missing.stderr
 
 
+@pytest.mark.corpus
 def test_the_shipped_pack_matches_the_corpus_and_the_live_model(embedder: Any) -> None:
     """The demo pack holds every record of pgdocs.jsonl.gz; a sample of its chunks re-chunked from the corpus
     and re-embedded with the live model gives the same text and, against the stored float16 vectors, a

@@ -26,6 +26,8 @@ from agentdb.ingest.pipeline import ingest
 from agentdb.ingest.readers import Located, read_records
 from agentdb.retrieval import retrieve
 
+pytestmark = pytest.mark.corpus
+
 SOURCE = "scifact"
 
 
