@@ -1,5 +1,5 @@
-"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, principal, pack,
-start, stop, status, db-url, demo."""
+"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, index, principal,
+pack, start, stop, status, db-url, demo."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psycopg
@@ -414,6 +414,19 @@ def cmd_eval(args: argparse.Namespace) -> None:
             )
 
 
+def cmd_eval_nav(args: argparse.Namespace) -> None:
+    from agentdb.agent.evaluate import evaluate_navigation
+    from agentdb.evaluation import load_questions, navigation_table
+
+    questions = load_questions(Path(args.questions))
+    with _connect(args) as conn:
+        rows = evaluate_navigation(
+            conn, _settings(args), args.source, questions, index=args.index, progress=not args.no_progress
+        )
+    print(f"{len(questions)} questions over {args.source} (index {args.index})")
+    print(navigation_table(rows))
+
+
 def cmd_check(args: argparse.Namespace) -> None:
     from agentdb.db import run_sql
 
@@ -431,6 +444,90 @@ def cmd_check(args: argparse.Namespace) -> None:
         run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": args.source})
         rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
+
+
+def cmd_index_create(args: argparse.Namespace) -> None:
+    from agentdb.indexes import create_index, create_index_from_file
+
+    if args.kind and not args.edges:
+        raise InvalidParamValue("--kind goes with --edges (--tree and --graph say the kind)", path="kind")
+    with _connect(args, migrate_schema=True) as conn:
+        if args.edges:
+            info = create_index_from_file(
+                conn,
+                args.source,
+                args.name,
+                Path(args.edges),
+                kind=args.kind or "graph",
+                edge_type=args.edge_type,
+            )
+            how = f"explicit edges from {args.edges}"
+        elif args.tree:
+            info = create_index(
+                conn, args.source, args.name, kind="tree", field=args.tree, edge_type=args.edge_type
+            )
+            how = f"tree from parent field {args.tree!r}"
+        else:
+            info = create_index(
+                conn, args.source, args.name, kind="graph", field=args.graph, edge_type=args.edge_type
+            )
+            how = f"graph from field {args.graph!r}"
+    print(
+        f"created index {info.name} on {args.source} ({how}, edge type {info.edge_type}): {info.edges} edges"
+    )
+
+
+def cmd_index_list(args: argparse.Namespace) -> None:
+    from agentdb.indexes import list_indexes
+
+    with _connect(args) as conn:
+        found = list_indexes(conn, args.source)
+    if args.json:
+        print(orjson.dumps([i.model_dump() for i in found]).decode())
+        return
+    if not found:
+        print(
+            f"{args.source} has no indexes: `agentdb index create {args.source} NAME --tree FIELD` adds one"
+        )
+        return
+    print(f"{'name':20} {'kind':6} {'field':20} {'edge type':14} {'edges':>9}")
+    for i in found:
+        print(f"{i.name:20} {i.kind:6} {i.field or '(explicit)':20} {i.edge_type:14} {i.edges:>9}")
+
+
+def cmd_index_drop(args: argparse.Namespace) -> None:
+    from agentdb.indexes import drop_index
+
+    with _connect(args) as conn:
+        removed = drop_index(conn, args.source, args.name)
+    print(f"dropped index {args.name} of {args.source} ({removed} edges)")
+
+
+def cmd_index_check(args: argparse.Namespace) -> None:
+    from agentdb.indexes import check_indexes, rebuild_indexes
+
+    with _connect(args) as conn:
+        results = check_indexes(conn, args.source, args.name)
+        if not results:
+            print(f"{args.source} has no indexes")
+            return
+        for r in results:
+            state = "match the documents" if r.ok else f"mismatches: {r.missing} missing, {r.extra} extra"
+            dangling = f"; {r.dangling} edges name keys with no document (kept)" if r.dangling else ""
+            print(f"{args.source}.{r.index}: edges {state}{dangling}")
+        bad = [r.index for r in results if not r.ok]
+        if not bad:
+            return
+        if not args.repair:
+            raise AgentDBError(
+                f"the edges of {', '.join(bad)} do not match the documents", hint="run again with --repair"
+            )
+        for name in bad:
+            rebuild_indexes(conn, args.source, name)
+        still = [r.index for r in check_indexes(conn, args.source, args.name) if not r.ok]
+        if still:
+            raise AgentDBError(f"still mismatched after the repair: {', '.join(still)}")
+        print("repaired")
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -590,8 +687,28 @@ def cmd_demo(args: argparse.Namespace) -> None:
             )
             ingested = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
             print(ingested.summary(), file=sys.stderr)
+        _demo_indexes(conn)
     if not args.no_serve:
         cmd_serve(args)
+
+
+# The demo corpus's hierarchy and graph indexes: (name, kind, field, edge type).
+DEMO_INDEXES: tuple[tuple[str, Literal["tree", "graph"], str, str], ...] = (
+    ("sections", "tree", "parent", "child"),
+    ("xref", "graph", "links", "xref"),
+    ("next", "graph", "next", "next"),
+)
+
+
+def _demo_indexes(conn: psycopg.Connection[Any]) -> None:
+    """Create the demo indexes the demo source lacks (all of them after a first load)."""
+    from agentdb.indexes import create_index, list_indexes
+
+    have = {i.name for i in list_indexes(conn, DEMO_SOURCE)}
+    for name, kind, field, edge_type in DEMO_INDEXES:
+        if name not in have:
+            info = create_index(conn, DEMO_SOURCE, name, kind=kind, field=field, edge_type=edge_type)
+            print(f"created index {name} ({kind} from {field}): {info.edges} edges", file=sys.stderr)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -706,9 +823,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.0)
     p.add_argument("--no-progress", action="store_true")
 
+    p = command(
+        "eval-nav",
+        cmd_eval_nav,
+        "runbook questions with gold keys: ranked tree navigation beside plain hybrid search "
+        "(success@1/3/10, MRR, gold recall@10, nodes read, latency)",
+    )
+    p.add_argument("source")
+    p.add_argument("--questions", required=True, help='JSON Lines of {"id", "question", "gold": [keys]}')
+    p.add_argument("--index", default="sections", help="the tree index to walk (default sections)")
+    p.add_argument("--no-progress", action="store_true")
+
     p = command("check", cmd_check, "verify that postings and statistics match the documents")
     p.add_argument("source")
     p.add_argument("--repair", action="store_true", help="rebuild the lexical index when it does not match")
+
+    help_text = "hierarchy and graph indexes over a source: trees, graphs and explicit edges"
+    p = sub.add_parser("index", help=help_text, description=help_text)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, func, text in (
+        ("create", cmd_index_create, "declare an index and build its edges from the documents (or a file)"),
+        ("list", cmd_index_list, "list a source's indexes with their edge counts"),
+        ("drop", cmd_index_drop, "remove an index and its edges"),
+        ("check", cmd_index_check, "compare the edges with the documents (non-zero exit on mismatches)"),
+    ):
+        q = actions.add_parser(name, help=text, description=text)
+        _add_common(q)
+        q.set_defaults(func=func)
+        q.add_argument("source")
+        if name == "create":
+            q.add_argument("name")
+            how = q.add_mutually_exclusive_group(required=True)
+            how.add_argument("--tree", metavar="PARENT_FIELD", help="a tree: each document's parent key")
+            how.add_argument("--graph", metavar="FIELD", help="a graph: a key or list of keys per document")
+            how.add_argument(
+                "--edges",
+                metavar="FILE",
+                help="explicit edges: JSONL or CSV (from, to, type, weight, metadata)",
+            )
+            q.add_argument(
+                "--edge-type",
+                help="the edges' type (default: child for a tree, the field's name for a graph)",
+            )
+            q.add_argument(
+                "--kind", choices=["tree", "graph"], help="with --edges: the index's kind (default graph)"
+            )
+        elif name == "list":
+            q.add_argument("--json", action="store_true")
+        elif name == "drop":
+            q.add_argument("name")
+        else:
+            q.add_argument("name", nargs="?", help="one index (default: all of the source's)")
+            q.add_argument(
+                "--repair", action="store_true", help="rebuild field-derived edges that do not match"
+            )
 
     help_text = "manage principals: API keys with their sources, row filter, fields and tools"
     p = sub.add_parser("principal", help=help_text, description=help_text)

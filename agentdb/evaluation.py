@@ -93,3 +93,85 @@ def evaluate(
         run[query_id] = pool_by_document(hits)
     subset = {q: qrels[q] for q in judged}
     return Evaluation(ndcg_at(run, subset, 10), recall_at(run, subset, 100), len(judged), latencies)
+
+
+# Navigation (runbook questions with gold keys) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Question:
+    """One runbook question: the sections (or pages) an answer needs, by key."""
+
+    id: str
+    question: str
+    gold: tuple[str, ...]
+
+
+def load_questions(path: Path) -> list[Question]:
+    """`{"id", "question", "gold": [keys]}` per line."""
+    with path.open("rb") as handle:
+        rows = [orjson.loads(line) for line in handle if line.strip()]
+    return [Question(str(r["id"]), str(r["question"]), tuple(str(g) for g in r["gold"])) for r in rows]
+
+
+@dataclass
+class NavigationScores:
+    """Quality and cost of one method over a question set: success@k (a gold key among the first k hits),
+    MRR (of the first gold key), gold recall@10 (the share of a question's gold keys in its first 10 hits),
+    mean nodes read and latency percentiles."""
+
+    method: str
+    success1: float
+    success3: float
+    success10: float
+    mrr: float
+    recall10: float
+    nodes_read: float
+    latencies_ms: list[float]
+
+    def percentile(self, p: float) -> float:
+        return Evaluation(0, 0, 0, self.latencies_ms).percentile(p)
+
+
+def score_navigation(
+    method: str,
+    questions: list[Question],
+    ranked: list[list[str]],
+    nodes: list[int],
+    latencies_ms: list[float],
+) -> NavigationScores:
+    """Scores of `method` whose hits for questions[i] were ranked[i] (keys, best first); a hit counts for a
+    gold key only when its key is exactly that key."""
+    n = max(len(questions), 1)
+
+    def first_gold(keys: list[str], gold: tuple[str, ...]) -> int | None:
+        return next((i for i, k in enumerate(keys) if k in gold), None)
+
+    firsts = [first_gold(keys, q.gold) for q, keys in zip(questions, ranked, strict=True)]
+    return NavigationScores(
+        method=method,
+        success1=sum(f is not None and f < 1 for f in firsts) / n,
+        success3=sum(f is not None and f < 3 for f in firsts) / n,
+        success10=sum(f is not None and f < 10 for f in firsts) / n,
+        mrr=sum(1 / (f + 1) for f in firsts if f is not None) / n,
+        recall10=sum(
+            len(set(q.gold) & set(keys[:10])) / len(set(q.gold))
+            for q, keys in zip(questions, ranked, strict=True)
+        )
+        / n,
+        nodes_read=sum(nodes) / n,
+        latencies_ms=latencies_ms,
+    )
+
+
+def navigation_table(rows: list[NavigationScores]) -> str:
+    """The methods side by side, one line each."""
+    lines = [
+        f"{'method':34} {'s@1':>5} {'s@3':>5} {'s@10':>5} {'MRR':>5} {'rec@10':>6} {'nodes':>6} {'p50 ms':>7}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.method:34} {r.success1:5.3f} {r.success3:5.3f} {r.success10:5.3f} {r.mrr:5.3f} "
+            f"{r.recall10:6.3f} {r.nodes_read:6.1f} {r.percentile(50):7.1f}"
+        )
+    return "\n".join(lines)

@@ -6,6 +6,9 @@
 -- table (a principal's writer role, another program writing a registered table) keeps its index current
 -- without any privilege on the index tables themselves. Trigger functions cannot be called directly.
 
+-- The same triggers keep the field-derived edges of the source's hierarchy and graph indexes current
+-- (agentdb_internal.index_sync_sql, sql/070_indexes.sql), after the lexical index, in the same transaction.
+
 -- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
 -- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
@@ -53,6 +56,9 @@ begin
     foreach stmt in array agentdb.lexical_add_sql('new_rows') loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
+    foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'insert') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
     return null;
 end;
 $$;
@@ -94,6 +100,9 @@ begin
     foreach stmt in array agentdb.lexical_remove_sql('old_rows') loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
+    foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'delete') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
     return null;
 end;
 $$;
@@ -115,6 +124,9 @@ begin
         ' where o.agentdb_tsv is distinct from n.agentdb_tsv)') loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
+    foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'update') loop
+        execute stmt using TG_ARGV[0]::int;
+    end loop;
     return null;
 end;
 $$;
@@ -124,10 +136,14 @@ create or replace function agentdb.lexical_truncate() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     src int := TG_ARGV[0]::int;
+    stmt text;
 begin
     update agentdb.corpus_stats set n_chunks = 0, total_len = 0 where source_id = src;
     delete from agentdb.postings where source_id = src;
     delete from agentdb.term_stats where source_id = src;
+    foreach stmt in array agentdb_internal.index_sync_sql(src, 'truncate') loop
+        execute stmt using src;
+    end loop;
     return null;
 end;
 $$;

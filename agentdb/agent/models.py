@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from agentdb.llm import GeneratorSpec
 from agentdb.retrieval import Hit, Mode
@@ -92,6 +99,7 @@ class AgentHit(BaseModel):
     chunk: int = Field(alias="_chunk")
     chunks: list[int] | None = Field(None, alias="_chunks")
     index_scores: IndexScores = Field(alias="_index_scores")
+    tree: dict[str, Any] | None = Field(None, alias="_tree")
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -110,6 +118,7 @@ class AgentHit(BaseModel):
             _table=hit.table or "",
             _chunk=hit.chunk,
             _chunks=hit.chunks,
+            _tree=hit.tree,
             _index_scores=IndexScores(
                 distance=hit.distance,
                 bm25=hit.bm25_score,
@@ -122,10 +131,20 @@ class AgentHit(BaseModel):
         """The JSON object of this hit, keyed as clients see it (`_id`, ...)."""
         return self.model_dump(by_alias=True)
 
+    @model_serializer(mode="wrap")
+    def _without_empty_tree(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `_tree` only on hits that navigation found.
+        out: dict[str, Any] = handler(self)
+        if out.get("_tree", 0) is None:
+            del out["_tree"]
+        if out.get("tree", 0) is None:
+            del out["tree"]
+        return out
+
 
 class Step(BaseModel):
     id: str
-    kind: Literal["retrieval", "deepening", "expansion", "generation"] = "retrieval"
+    kind: Literal["retrieval", "deepening", "expansion", "navigation", "generation"] = "retrieval"
     name: str
     status: Literal["completed", "failed"]
     duration_ms: float
@@ -145,7 +164,7 @@ class RetrievalResponse(BaseModel):
     route: Literal["found", "not_found"]
     usage: UsageOut
     generation: dict[str, Any] | None = None
-    # Tool calls the models made; today only the deepening judge is given a tool (judge_retrieval).
+    # Tool calls the models made: the deepening judge's and the navigating model's.
     tool_calls_made: int = 0
     debug_info: dict[str, Any] | None = None
 

@@ -13,17 +13,20 @@ import psycopg
 
 from agentdb.agent.merge import merge
 from agentdb.agent.models import AgentHit, RetrievalRequest, RetrievalResponse
-from agentdb.agent.query import run_query
+from agentdb.agent.navigate import Scope
+from agentdb.agent.query import QueryOutcome, legs, run_query
 from agentdb.agent.stream import stream_call
 from agentdb.agent.validate import Plan, validate
-from agentdb.auth import Principal
+from agentdb.agent.walk import WalkOutcome, walk
+from agentdb.auth import Principal, read_scope
 from agentdb.config import Settings
 from agentdb.embed import Embedder, load_embedder
 from agentdb.generation import GenerationResult, generate
 from agentdb.retrieval import Hit
+from agentdb.sources import get_source
 
-# (kind, payload): step_started / step_completed (a step dict), hit (a Hit), generation (a delta or the
-# answer), done (the rest of the response).
+# (kind, payload): step_started / step_progress / step_completed (a step dict), hit (a Hit), generation (a
+# delta or the answer), done (the rest of the response).
 Event = tuple[str, Any]
 
 
@@ -58,6 +61,58 @@ def _generation(
     return (yield from stream_call(ask, lambda delta: ("generation", {"delta": delta})))
 
 
+def _navigation(
+    conn: psycopg.Connection[Any],
+    request: RetrievalRequest,
+    principal: Principal | None,
+    plan: Plan,
+    outcome: QueryOutcome,
+    fields: list[str] | None,
+    embedder_for: Callable[[str], Embedder],
+) -> Generator[Event, None, WalkOutcome]:
+    """The navigation step over the seed query's hits: a `step_progress` event per node read (as it happens
+    when streaming), under the caller's scope."""
+    options = plan.navigation
+    assert options is not None
+    spec = request.queries[options.query_index]
+    mode, lexical_text, dense_text = legs(spec, request.query)
+    scope = Scope(
+        conn,
+        spec.table,
+        filter=spec.filter,
+        filter_query=spec.filter_query,
+        exclusion_query=spec.exclusion_query,
+        row_filter=principal.row_filter if principal else None,
+        fields=fields,
+    )
+    embedder = embedder_for(get_source(conn, spec.table).embedding_model)
+
+    def work(cancel: threading.Event | None, report: Callable[[dict[str, Any]], None]) -> WalkOutcome:
+        with read_scope(conn, principal):
+            return walk(
+                scope,
+                options,
+                query=lexical_text,
+                seeds=outcome.hits,
+                mode=mode,
+                limit=spec.limit,
+                embedder=embedder,
+                dense_text=dense_text if mode != "lexical" else "",
+                model=plan.navigator,
+                max_iterations=request.max_internal_iterations,
+                report=report,
+                cancel=cancel,
+            )
+
+    if request.stream:
+        return (yield from stream_call(work, lambda step: ("step_progress", step)))
+    progress: list[dict[str, Any]] = []
+    result = work(None, progress.append)
+    for step in progress:
+        yield "step_progress", step
+    return result
+
+
 def run(
     conn: psycopg.Connection[Any],
     request: RetrievalRequest,
@@ -75,6 +130,7 @@ def run(
     hit_lists: list[list[Hit]] = []
     diagnostics: list[dict[str, Any]] = []
     tool_calls = 0
+    status = "completed"
     for i, (spec, fields) in enumerate(zip(request.queries, plan.projections, strict=True)):
         step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
         yield "step_started", {**step, "status": "running", "details": {"table": spec.table}}
@@ -100,9 +156,26 @@ def run(
             },
         }
         steps.append(done_step)
-        hit_lists.append(outcome.hits)
         diagnostics.append({"query_index": i, "table": spec.table, **outcome.result.diagnostics})
         yield "step_completed", done_step
+        if plan.navigation is not None and plan.navigation.query_index == i:
+            kind = f"{plan.navigation.strategy}_navigation"
+            nav_step = {"id": "navigation", "kind": "navigation", "name": kind, "status": "completed"}
+            yield "step_started", {**nav_step, "status": "running", "details": {"table": spec.table}}
+            walked = yield from _navigation(conn, request, principal, plan, outcome, fields, embedder_for)
+            steps.extend(walked.steps)
+            tool_calls += walked.tool_calls
+            if walked.status != "completed":
+                status = walked.status
+            nav_done = {
+                **nav_step,
+                "duration_ms": walked.details["duration_ms"],
+                "details": {**walked.details, "table": spec.table, "status": walked.status},
+            }
+            steps.append(nav_done)
+            yield "step_completed", nav_done
+            outcome.hits = walked.hits
+        hit_lists.append(outcome.hits)
     merged = merge(hit_lists, max(q.limit for q in request.queries))
     for hit in merged:
         yield "hit", hit
@@ -126,7 +199,7 @@ def run(
     yield (
         "done",
         {
-            "status": "completed",
+            "status": status,
             "route": "found" if merged else "not_found",
             "steps": steps,
             "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")},

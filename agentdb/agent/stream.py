@@ -1,5 +1,6 @@
-"""The streaming bridge: a blocking model call that reports text as it comes (`on_text`) runs in a worker
-thread, and its deltas come out of a generator as they arrive, so the event stream can forward them."""
+"""The streaming bridge: blocking work that reports progress as it comes (a model call's text deltas, a
+walk's node reads) runs in a worker thread, and its reports come out of a generator as they arrive, so the
+event stream can forward them."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from typing import Any, TypeVar
 
 R = TypeVar("R")
 E = TypeVar("E")
+D = TypeVar("D")
 
 
 def stream_call(
-    work: Callable[[threading.Event, Callable[[str], None]], R], event: Callable[[str], E]
+    work: Callable[[threading.Event, Callable[[D], None]], R], event: Callable[[D], E]
 ) -> Generator[E, None, R]:
-    """Run `work(cancel, on_text)` in a worker thread, yield `event(delta)` for every text delta it reports,
-    and return its result (or raise its error) once it is done. Closing the generator early (the client went
-    away) sets `cancel`, which stops the model call."""
-    deltas: queue.Queue[str | None] = queue.Queue()
+    """Run `work(cancel, report)` in a worker thread, yield `event(item)` for every item it reports, and
+    return its result (or raise its error) once it is done. Closing the generator early (the client went
+    away) sets `cancel`, which the work checks to stop."""
+    deltas: queue.Queue[D | None] = queue.Queue()
     outcome: dict[str, Any] = {}
     cancel = threading.Event()
 
@@ -30,7 +32,7 @@ def stream_call(
         finally:
             deltas.put(None)
 
-    worker = threading.Thread(target=run, name="agentdb-generation", daemon=True)
+    worker = threading.Thread(target=run, name="agentdb-stream", daemon=True)
     worker.start()
     try:
         while (delta := deltas.get()) is not None:

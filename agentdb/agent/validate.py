@@ -9,12 +9,14 @@ from typing import Any
 import psycopg
 
 from agentdb.agent.models import FullTextSearch, RetrievalOptions, RetrievalRequest
+from agentdb.agent.navigate import NavigationOptions
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
 from agentdb.config import Settings
 from agentdb.deepening import DeepeningOptions
 from agentdb.errors import AgentDBError, InvalidParamValue
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
+from agentdb.indexes import check_index
 from agentdb.llm import Usage, UsageMeter, resolve_model
 from agentdb.sources import get_source
 
@@ -27,6 +29,8 @@ class Plan:
     expand_window: int = 1
     deepening: DeepeningOptions | None = None
     judge: UsageMeter | None = None
+    navigation: NavigationOptions | None = None
+    navigator: UsageMeter | None = None
     generation: GenerationStep | None = None
     generator: UsageMeter | None = None
     meters: list[UsageMeter] = field(default_factory=list)
@@ -39,22 +43,28 @@ class Plan:
 
 
 def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None:
-    """Parse the optional steps and resolve their models; the model loop and navigation come later, so
-    asking for them is a clear 400, never a silent ignore."""
-    if request.max_internal_iterations:
-        raise InvalidParamValue(
-            "max_internal_iterations > 0 (the agentic model loop) is not supported yet; "
-            "use 0 for pipeline mode",
-            path="max_internal_iterations",
-        )
+    """Parse the optional steps and resolve their models; what is not supported is a clear 400, never a
+    silent ignore."""
     options = (
         request.steps.retrieval
         if request.steps and request.steps.retrieval
         else RetrievalOptions.model_validate({})
     )
     if options.navigation is not None:
+        plan.navigation = NavigationOptions.parse(
+            options.navigation,
+            "steps.retrieval.navigation",
+            queries=len(request.queries),
+            iterations=request.max_internal_iterations,
+        )
+        if plan.navigation.selection == "agentic":
+            plan.navigator = UsageMeter(resolve_model(request.generator, settings, path="generator"))
+            plan.meters.append(plan.navigator)
+    elif request.max_internal_iterations:
         raise InvalidParamValue(
-            "steps.retrieval.navigation is not supported yet", path="steps.retrieval.navigation"
+            "max_internal_iterations > 0 runs the model loop of agentic navigation: configure "
+            "steps.retrieval.navigation with selection 'agentic', or use 0 for pipeline mode",
+            path="max_internal_iterations",
         )
     plan.expand_window = options.expand_window
     if options.deepening is not None:
@@ -111,6 +121,26 @@ def validate(
                 # Once a stream has started its errors are events; the plain answer gets the same error
                 # from retrieval itself (with the same path), so only a stream compiles the filter twice.
                 validate_filter(conn, source, getattr(spec, name), where)
+        navigation = plan.navigation
+        if navigation is not None and navigation.query_index == i:
+            where = "steps.retrieval.navigation"
+            if principal is not None:
+                check_tool(principal, navigation.tool, path=f"{where}.strategy")
+            check_index(
+                conn,
+                source,
+                navigation.index,
+                navigation.strategy,
+                path=f"{where}.index",
+                fields=fields if principal is not None else None,
+            )
+            if navigation.instruction_field is not None and not (
+                fields is None or navigation.instruction_field in fields
+            ):
+                raise InvalidParamValue(
+                    f"instruction_field {navigation.instruction_field!r} must be in queries[{i}].fields",
+                    path=f"{where}.instruction_field",
+                )
         projections.append(fields)
     return plan
 

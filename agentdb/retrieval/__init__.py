@@ -23,7 +23,8 @@ Mode = Literal["dense", "lexical", "hybrid"]
 @dataclass(frozen=True)
 class Hit:
     """One retrieved chunk, the single hit type of the read path: retrieval makes it, deepening pools it,
-    expansion widens it (`chunks`, `hit_chunks`), the agent merges it (`score` and `rank` become the merged
+    expansion widens it (`chunks`, `hit_chunks`), navigation makes one per visited document (`tree`), the agent
+    merges it (`score` and `rank` become the merged
     ones) and generation renders it. Its JSON for HTTP clients is made in one place, the agent's response
     model (agentdb.agent.models.AgentHit)."""
 
@@ -41,6 +42,7 @@ class Hit:
     table: str | None = None  # the source it was read from
     chunks: list[int] | None = None  # the chunk positions its text covers, once expanded
     hit_chunks: list[int] | None = None  # the positions of the hits an expansion merged into it
+    tree: dict[str, Any] | None = None  # where navigation found it: depth, parent, path, visit order
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], table: str | None = None) -> Hit:

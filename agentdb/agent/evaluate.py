@@ -1,0 +1,78 @@
+"""Navigation against plain search on runbook questions (`agentdb eval-nav`, bench/navigation.py): each
+method is a retrieval request run through the agent pipeline exactly as HTTP runs it, scored by
+agentdb.evaluation.score_navigation."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from tqdm import tqdm
+
+from agentdb.agent.models import RetrievalRequest
+from agentdb.agent.pipeline import respond, run
+from agentdb.config import Settings
+from agentdb.evaluation import NavigationScores, Question, score_navigation
+
+# method name -> the `steps.retrieval.navigation` object (None: plain hybrid search)
+METHODS: dict[str, dict[str, Any] | None] = {
+    "hybrid search": None,
+    "ranked tree navigation (hybrid)": {"scoring": "hybrid"},
+    "ranked tree navigation (keywords)": {"scoring": "keywords"},
+}
+
+
+def request_for(
+    source: str, question: str, navigation: dict[str, Any] | None, index: str, limit: int = 10
+) -> RetrievalRequest:
+    """The request a method sends for one question: one hybrid query, navigated when asked."""
+    body: dict[str, Any] = {
+        "query": question,
+        "queries": [
+            {"table": source, "semantic_search": question, "full_text_search": question, "limit": limit}
+        ],
+    }
+    body["steps"] = {"retrieval": {"expand_window": 1}}
+    if navigation is not None:
+        body["steps"] = {
+            "retrieval": {
+                "expand_window": 1,
+                "navigation": {
+                    "query_index": 0,
+                    "strategy": "tree",
+                    "selection": "ranked",
+                    "index": index,
+                    **navigation,
+                },
+            }
+        }
+    return RetrievalRequest.model_validate(body)
+
+
+def evaluate_navigation(
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    source: str,
+    questions: list[Question],
+    *,
+    index: str = "sections",
+    methods: dict[str, dict[str, Any] | None] | None = None,
+    progress: bool = True,
+) -> list[NavigationScores]:
+    """Every method over every question, in the same process against the same database."""
+    rows = []
+    for method, navigation in (methods or METHODS).items():
+        ranked, nodes, latencies = [], [], []
+        for q in tqdm(questions, desc=method, unit="q", disable=not progress):
+            started = time.perf_counter()
+            response = respond(run(conn, request_for(source, q.question, navigation, index), None, settings))
+            latencies.append((time.perf_counter() - started) * 1000)
+            ranked.append([h.id for h in response.hits])
+            summary = [s for s in response.steps if s.id == "navigation"]
+            nodes.append(summary[0].details["nodes_read"] if summary else 0)
+        rows.append(score_navigation(method, questions, ranked, nodes, latencies))
+    return rows
+
+
+__all__ = ["METHODS", "evaluate_navigation", "request_for"]

@@ -1,0 +1,292 @@
+"""The navigation step of the pipeline: walk a tree or graph index from the seed query's hits (or a start
+key), ranked (best-first by hybrid relevance, no model) or agentic (the model moves one node per turn),
+and turn the visits into hits and steps. Every read is the scoped reader's (agentdb.agent.navigate)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
+from agentdb.embed import Embedder
+from agentdb.llm import Message, Model, ToolSpec
+from agentdb.retrieval import Hit, Mode, retrieve
+from navigation import (
+    Budget,
+    Decision,
+    GraphWalk,
+    KeywordScorer,
+    NavigationResult,
+    Node,
+    Step,
+    ToolCall,
+    TreeWalk,
+    Turn,
+    Visit,
+    rank_tree,
+    run_agentic,
+    system_prompt,
+    tool_definitions,
+)
+
+# Ranked walks: the bonus a seed hit of rank r (from 0) keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1].
+SEED_PRIOR = 0.1
+
+
+class Cancelled(Exception):
+    """The client went away while a walk was running."""
+
+
+@dataclass
+class WalkOutcome:
+    """What a walk produced: the hits (visited documents), the steps, the status and the model's calls."""
+
+    hits: list[Hit]
+    steps: list[dict[str, Any]]
+    status: str
+    details: dict[str, Any]
+    tool_calls: int = 0
+    turns: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ModelChooser:
+    """`navigation.Chooser` over an agentdb Model: one Messages API call per turn, the conversation kept
+    here (tool results answer the previous turn's tool calls), the workflow rules in the system prompt."""
+
+    def __init__(self, model: Model, kind: str, *, max_tokens: int = 1024) -> None:
+        self.model = model
+        self.kind = kind
+        self.max_tokens = max_tokens
+        self.messages: list[Message] = []
+
+    def choose(self, turn: Turn) -> Decision:
+        if turn.opening:
+            self.messages.append(Message.user(turn.opening))
+        if turn.results:
+            self.messages.append(
+                Message(
+                    "user",
+                    [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": r.call_id,
+                            "content": r.content,
+                            "is_error": r.is_error,
+                        }
+                        for r in turn.results
+                    ],
+                )
+            )
+        completion = self.model.complete(
+            self.messages,
+            system=system_prompt(self.kind, turn.rules),  # type: ignore[arg-type]
+            tools=[ToolSpec(**spec) for spec in tool_definitions(turn.tools)],
+            max_tokens=self.max_tokens,
+        )
+        self.messages.append(Message.assistant(completion))
+        return Decision(
+            calls=tuple(ToolCall(c.name, c.input, c.id) for c in completion.tool_calls), text=completion.text
+        )
+
+
+class QuerySearcher:
+    """`navigation.Searcher`: the request's query object run again with the model's text, under the same
+    filters, row filter and projection; one hit per document."""
+
+    def __init__(self, scope: Scope, mode: Mode, limit: int, embedder: Embedder) -> None:
+        self.scope, self.mode, self.limit, self.embedder = scope, mode, limit, embedder
+
+    def search(self, query: str) -> list[Node]:
+        s = self.scope
+        result = retrieve(
+            s.conn,
+            s.source,
+            query,
+            mode=self.mode,
+            top_k=self.limit,
+            group_by_doc=True,
+            embedder=self.embedder,
+            fields=s.fields,
+            **s.filters(),
+        )
+        return [Node(h.id, h.title or "", h.text or "", h.metadata) for h in result.hits]
+
+
+def _hit(visit: Visit, rank: int, score: float, table: str, fields: list[str] | None) -> Hit:
+    node = visit.node
+    return Hit(
+        id=node.key,
+        chunk=0,
+        rank=rank,
+        score=score,
+        distance=None,
+        bm25_score=None,
+        rank_dense=None,
+        rank_sparse=None,
+        title=node.title if fields is None or "title" in fields else None,
+        text=node.text if fields is None or "text" in fields else None,
+        metadata=dict(node.fields),
+        table=table,
+        tree={"depth": visit.depth, "parent": visit.parent, "path": list(visit.path), "order": visit.order},
+    )
+
+
+def _step(step: Step) -> dict[str, Any]:
+    return {
+        "id": f"{step.kind}_{step.order}",
+        "kind": "navigation",
+        "name": step.kind,
+        "status": "completed",
+        "duration_ms": round(step.duration_ms, 3),
+        "details": step.details(),
+    }
+
+
+def _unique(keys: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(keys))
+
+
+def walk(
+    scope: Scope,
+    options: NavigationOptions,
+    *,
+    query: str,
+    seeds: Sequence[Hit],
+    mode: Mode,
+    limit: int,
+    embedder: Embedder,
+    dense_text: str,
+    model: Model | None,
+    max_iterations: int,
+    report: Callable[[dict[str, Any]], None],
+    cancel: threading.Event | None = None,
+) -> WalkOutcome:
+    """Run the navigation `options` over `scope`: `report` gets a step_progress payload per node read."""
+    edges = SqlEdges(scope, options.index)
+    nodes = SqlNodes(scope)
+
+    def on_step(step: Step) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
+        report(_step(step))
+
+    started = time.perf_counter()
+    if options.selection == "ranked":
+        seed_keys = _unique([h.id for h in seeds])
+        if options.start_key is not None:
+            start = [options.start_key]
+        elif options.start_nodes == "$roots":
+            start = edges.roots()
+        elif options.start_nodes in (None, "$hits"):
+            # The seed hits and their parents: a section's answer often continues in a sibling, which the
+            # walk reaches from the parent.
+            parents = [k for key in seed_keys for k, _ in edges.neighbours(key, "in", None, 1)]
+            start = _unique([*seed_keys, *parents])
+        else:
+            start = _unique([k.strip() for k in options.start_nodes.split(",") if k.strip()])
+        # The query's best BM25 score in this scope scales the lexical leg to [0, 1].
+        best = retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
+        scale = (best[0].bm25_score or 1.0) if best else 1.0
+        embedding = np.asarray(embedder.embed([dense_text])[0]) if dense_text.strip() else None
+        scorer = (
+            KeywordScorer(query, nodes)
+            if options.scoring == "keywords"
+            else SqlScorer(scope, query, embedding, scale)
+        )
+        prior = {k: SEED_PRIOR / (1 + i) for i, k in enumerate(seed_keys)}
+        own = scorer.score(start)
+        result = rank_tree(
+            nodes,
+            edges,
+            scorer,
+            {k: float(own.get(k, 0.0)) + prior.get(k, 0.0) for k in start},
+            max_depth=options.max_depth or 5,
+            beam_width=options.beam_width or 3,
+            max_nodes=options.max_nodes,
+            on_step=on_step,
+        )
+        # The path score orders the frontier; the answer is ordered by each document's own relevance (with
+        # the seed search's rank as a small prior), since a child is not more relevant for its parent.
+        final = scorer.score([v.key for v in result.visits])
+        relevance = {v.key: float(final.get(v.key, 0.0)) + prior.get(v.key, 0.0) for v in result.visits}
+        visits = sorted(result.visits, key=lambda v: (-relevance[v.key], v.order))[:limit]
+        # Reading max_nodes nodes is how a ranked walk ends; it is not an exhausted budget.
+        status = "completed"
+    else:
+        assert model is not None
+        budget = Budget(max_iterations=max_iterations, max_context_tokens=options.max_context_tokens)
+        runner: TreeWalk | GraphWalk
+        if options.strategy == "tree":
+            runner = TreeWalk(
+                nodes,
+                edges,
+                max_depth=options.max_depth or 5,
+                beam_width=options.beam_width or 3,
+                budget=budget,
+                on_step=on_step,
+            )
+        else:
+            runner = GraphWalk(
+                nodes,
+                edges,
+                direction=options.direction or "out",
+                edge_types=options.edge_types,
+                neighbor_limit=options.neighbor_limit or 8,
+                max_steps=options.max_steps or 8,
+                budget=budget,
+                on_step=on_step,
+            )
+        start_key = options.start_key or (seeds[0].id if seeds else None)
+        result = run_agentic(
+            ModelChooser(model, f"{options.strategy}_navigation"),
+            runner,
+            query=query,
+            start_key=start_key,
+            search=QuerySearcher(scope, mode, limit, embedder),
+            instruction=options.instruction,
+            instruction_field=options.instruction_field,
+        )
+        visits = list(result.visits)[:limit]
+        relevance = {v.key: v.score for v in visits}
+        status = result.status
+    return _outcome(result, visits, relevance, status, scope, options, started)
+
+
+def _outcome(
+    result: NavigationResult,
+    visits: Sequence[Visit],
+    relevance: dict[str, float],
+    status: str,
+    scope: Scope,
+    options: NavigationOptions,
+    started: float,
+) -> WalkOutcome:
+    details: dict[str, Any] = {
+        "strategy": options.strategy,
+        "selection": options.selection,
+        "index": options.index,
+        "nodes_read": len(result.visits),
+        "unreadable": len(result.unreadable),
+        "stopped": result.reason,
+        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+    }
+    if result.rules:
+        details["rules"] = list(result.rules)
+    return WalkOutcome(
+        hits=[_hit(v, i + 1, relevance[v.key], scope.source, scope.fields) for i, v in enumerate(visits)],
+        steps=[_step(s) for s in result.steps],
+        status=status,
+        details=details,
+        tool_calls=result.tool_calls_made,
+        turns=result.turns,
+        calls=[{"turn": c.turn, "name": c.name, "executed": c.executed} for c in result.calls],
+    )
+
+
+__all__ = ["Cancelled", "ModelChooser", "QuerySearcher", "WalkOutcome", "walk"]

@@ -1,0 +1,86 @@
+-- Relevance of given documents to a query, for navigation: both legs of agentdb.retrieve restricted to
+-- the candidate keys, in the caller's scope. Unlike the fused rank of a search, these are absolute scores
+-- (a document's best chunk's cosine similarity and its best chunk's BM25 with the source's global
+-- statistics), so candidates met at different points of a walk can be compared with each other.
+
+-- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
+-- would leave an older overload behind and make calls ambiguous.
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.proname = 'score_keys'
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
+
+-- For each key of `keys` that the caller may read (the query filters, the row filter and row-level
+-- security, as agentdb.read applies them): `dense`, the highest cosine similarity (1 - cosine distance)
+-- between `query_embedding` and the document's chunks (null without an embedding), and `lexical`, the
+-- highest Okapi BM25 score of its chunks for `query` (0 when no term matches). Keys that are missing or
+-- hidden return no row.
+create or replace function agentdb.score_keys(
+    source text,
+    keys text[],
+    query text default '',
+    query_embedding vector default null,
+    filter jsonb default null,
+    filter_query jsonb default null,
+    exclusion_query jsonb default null,
+    row_filter jsonb default null
+) returns table (doc_id text, dense float8, lexical float8)
+language plpgsql stable
+set jit = off
+as $$
+declare
+    src agentdb.sources;
+    r record;
+    s record;
+    terms text[];
+    stats agentdb.corpus_stats;
+    avgdl float8;
+begin
+    select * into src from agentdb.sources x where x.name = score_keys.source;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', score_keys.source),
+                                    'source', 'list the sources with agentdb sources or GET /sources');
+    end if;
+    if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
+        perform agentdb.raise_error(8003, 'StorageContentError',
+            format('query_embedding has dimension %s but source %L has dimension %s',
+                   vector_dims(query_embedding), src.name, src.embedding_dim), 'query_embedding');
+    end if;
+    if coalesce(cardinality(keys), 0) = 0 then
+        return;
+    end if;
+    terms := array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1);
+    select * into stats from agentdb.corpus_stats x where x.source_id = src.id;
+    avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
+    select * into r from agentdb_internal.source_row_sql(src);
+    s := agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
+                                          array['$4', '$5', '$6', '$7']);
+    return query execute format($q$
+        with c as materialized (
+            select %1$s as doc_id, c.agentdb_chunk_id as cid, c.agentdb_embedding as emb
+            from %2$s c where %1$s = any($1) and (%3$s) and (%4$s)),
+        q as materialized (
+            select ts.term, ln(1 + ($9 - ts.df + 0.5) / (ts.df + 0.5)) * ($10 + 1) as wk
+            from %5$s ts where ts.source_id = $8 and ts.term = any($3)),
+        lex as (
+            select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($10 * (1 - $11)) + ($10 * $11 / $12) * p.dl)) as bm25
+            from q join agentdb.postings p on p.source_id = $8 and p.term = q.term
+            where p.chunk_id in (select cid from c)
+            group by p.chunk_id)
+        select c.doc_id, max(1 - (c.emb <=> $2))::float8, coalesce(max(l.bm25), 0)::float8
+        from c left join lex l on l.chunk_id = c.cid
+        group by c.doc_id $q$,
+        r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred,
+        case when agentdb.current_principal() is not null then 'agentdb.principal_term_stats($8, $3)'
+             else 'agentdb.term_stats' end)
+        using keys, query_embedding, terms, s.filter_params, s.row_params, s.fq_params, s.ex_params,
+              src.id, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1, src.bm25_b, avgdl;
+end;
+$$;
