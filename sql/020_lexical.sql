@@ -13,6 +13,22 @@
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
 -- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
 
+-- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
+-- would leave an older overload behind (not the trigger functions, which the source tables' triggers hold
+-- and which take no arguments).
+do $$
+declare
+    f regprocedure;
+begin
+    for f in select p.oid::regprocedure from pg_proc p
+             where p.pronamespace = 'agentdb'::regnamespace and p.prorettype <> 'trigger'::regtype
+               and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check')
+    loop
+        execute format('drop function %s', f);
+    end loop;
+end;
+$$;
+
 -- The statements that add the postings and statistics of the rows of relation `rel` (a transition
 -- table inside a trigger, or a whole source table when rebuilding). Returned as text because only the
 -- trigger function itself can see its transition tables; $1 is the source id.
