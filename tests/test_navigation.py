@@ -443,3 +443,53 @@ def test_no_visited_node_key_or_field_outside_the_grant(
         assert grant is None or set(h["_source"]) <= set(grant)
     if start == "salaries" and "hr" not in tenants:
         assert body["hits"] == [] and seen == set()  # a hidden start node is a missing one
+
+
+# The SQL door ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "start", [{}, {"start_key": "manual"}, {"start_nodes": "$roots"}, {"start_nodes": "dump,failover"}]
+)
+def test_the_sql_door_walks_as_http_does(
+    client: TestClient, db_url: str, embedder: Any, start: dict[str, Any]
+) -> None:
+    """agentdb.tree_walk returns the documents, order, scores and tree positions of the HTTP request."""
+    text = "restore WAL replay to a recovery target"
+    body = ask(
+        client,
+        queries=[{"table": "runbooks", "full_text_search": text, "semantic_search": text, "limit": 6}],
+        steps={
+            "retrieval": {
+                "expand_window": 1,
+                "navigation": {
+                    "query_index": 0,
+                    "strategy": "tree",
+                    "selection": "ranked",
+                    "index": "sections",
+                    **start,
+                },
+            }
+        },
+    ).json()
+    with psycopg.connect(db_url) as conn:
+        from agentdb.db.pool import configure
+
+        configure(conn)
+        rows = conn.execute(
+            "select id, score, depth, parent, path, visit_order from agentdb.tree_walk('runbooks', 'sections', %s,"
+            " %s, start_key => %s, start_nodes => %s, top_k => 6, mode => 'hybrid')",
+            (text, embedder.embed([text])[0], start.get("start_key"), start.get("start_nodes")),
+        ).fetchall()
+    assert rows, body
+    assert [
+        (
+            h["_id"],
+            h["_score"],
+            h["_tree"]["depth"],
+            h["_tree"]["parent"],
+            h["_tree"]["path"],
+            h["_tree"]["order"],
+        )
+        for h in body["hits"]
+    ] == [(r[0], r[1], r[2], r[3], list(r[4]), r[5]) for r in rows]

@@ -198,7 +198,7 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
             assert names <= {"title", "text", "kind"} and "kind" in names, names
         elif language == "sql":
             statements = [s.strip() for s in re.sub(r"--[^\n]*", "", text).split(";") if s.strip()]
-            assert len(statements) == 3, where
+            assert len(statements) == 5, where
             with psycopg.connect(demo["db_url"]) as conn:
                 for statement in statements:
                     rows = conn.execute(statement).fetchall()
@@ -214,7 +214,9 @@ def test_the_readme_sql_answers_as_documented(demo: dict[str, Any]) -> None:
     """What the SQL examples promise: lexical hits for 'continuous archiving', a kind filter that holds and
     similar documents that exclude the document itself."""
     (sql,) = [text for language, text, _ in blocks() if language == "sql"]
-    first, second, third = [s.strip() for s in re.sub(r"--[^\n]*", "", sql).split(";") if s.strip()]
+    first, second, third, walk, neighbours = [
+        s.strip() for s in re.sub(r"--[^\n]*", "", sql).split(";") if s.strip()
+    ]
     with psycopg.connect(demo["db_url"]) as conn:
         rows = conn.execute(first).fetchall()
         assert len(rows) == 5 and any(r[0].startswith("continuous-archiving.html") for r in rows)
@@ -222,3 +224,6 @@ def test_the_readme_sql_answers_as_documented(demo: dict[str, Any]) -> None:
         assert kinds and {k for (k,) in kinds} == {"sect2"}
         similar = conn.execute(third).fetchall()
         assert len(similar) == 5 and all(r[0] != "continuous-archiving.html" for r in similar)
+        walked = conn.execute(walk).fetchall()
+        assert len(walked) == 5 and all(r[3][0] == "backup.html" and r[2] == len(r[3]) - 1 for r in walked)
+        assert conn.execute(neighbours).fetchall()
