@@ -1,5 +1,6 @@
 """Saved agents: a named Retrieve step whose structural parameters are fixed and whose mutable ones
-(filter, top_k, threshold, retrieval_mode, rrf_k) can be changed; a filter that does not compile is
+(filter, top_k, threshold, retrieval_mode, rrf_k, generation, navigation, max_internal_iterations) can be
+changed; a filter that does not compile is
 rejected and the previous one stays in force.
 
 An agent belongs to the principal that created it (None: created without keys, in local development).
@@ -23,6 +24,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalRequest, RetrievalResponse, respond, run, validate
+from agentdb.agent.navigate import NavigationOptions
 from agentdb.auth import Principal, check_filter, check_table, check_tool
 from agentdb.config import Settings
 from agentdb.errors import (
@@ -35,10 +37,20 @@ from agentdb.errors import (
 )
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
+from agentdb.indexes import check_index
 from agentdb.sources import Source, get_source
 
 STRUCTURAL = ("name", "source", "input", "storage", "schema")
-MUTABLE = ("filter", "top_k", "threshold", "retrieval_mode", "rrf_k", "generation")
+MUTABLE = (
+    "filter",
+    "top_k",
+    "threshold",
+    "retrieval_mode",
+    "rrf_k",
+    "generation",
+    "navigation",
+    "max_internal_iterations",
+)
 
 
 class RetrieveParams(BaseModel):
@@ -53,6 +65,10 @@ class RetrieveParams(BaseModel):
     rrf_k: int = Field(60, ge=1, le=1000)
     # The generation step, as in a retrieval request's steps.generation (validated by GenerationStep).
     generation: dict[str, Any] | None = None
+    # Navigation over the source's indexes, as a request's steps.retrieval.navigation (its one query is
+    # query_index 0, the default here), and the model's turns for agentic navigation.
+    navigation: dict[str, Any] | None = None
+    max_internal_iterations: int = Field(0, ge=0, le=20)
 
 
 class SavedAgentIn(RetrieveParams):
@@ -99,10 +115,43 @@ def get_agent(conn: psycopg.Connection[Any], owner: Principal | None, name: str)
     return SavedAgent(name=row[0], source=row[1], input=row[2], **row[3])
 
 
+def _navigation(agent: RetrieveParams) -> dict[str, Any] | None:
+    return None if agent.navigation is None else {"query_index": 0, **agent.navigation}
+
+
+def check_steps(
+    conn: psycopg.Connection[Any], owner: Principal | None, source: str, params: RetrieveParams
+) -> None:
+    """The generation and navigation steps as a run will need them: valid, with the tool and index they
+    use (3007 at their path, 403 without the tool, 3010 for an unknown index), before anything is stored."""
+    GenerationStep.parse(params.generation, path="generation")
+    navigation = _navigation(params)
+    if navigation is None:
+        if params.max_internal_iterations:
+            raise InvalidParamValue(
+                "max_internal_iterations > 0 needs agentic navigation (navigation.selection 'agentic')",
+                path="max_internal_iterations",
+            )
+        return
+    options = NavigationOptions.parse(
+        navigation, "navigation", queries=1, iterations=params.max_internal_iterations
+    )
+    if owner is not None:
+        check_tool(owner, options.tool, path="navigation.strategy")
+    check_index(
+        conn,
+        source,
+        options.index,
+        options.strategy,
+        path="navigation.index",
+        fields=owner.fields if owner is not None else None,
+    )
+
+
 def create_agent(conn: psycopg.Connection[Any], owner: Principal | None, spec: SavedAgentIn) -> SavedAgent:
     authorize(conn, owner, spec.source, spec.filter)
-    GenerationStep.parse(spec.generation, path="generation")
     params = RetrieveParams(**spec.model_dump(include=set(MUTABLE)))
+    check_steps(conn, owner, spec.source, params)
     with conn.transaction():
         done = conn.execute(
             "insert into agentdb.saved_agents (owner_id, name, source, input, params)"
@@ -151,8 +200,7 @@ def patch_agent(
     merged = {**current.model_dump(include=set(MUTABLE)), **changes}
     params = parse_params(RetrieveParams, merged, path="")
     authorize(conn, owner, current.source, params.filter)
-    if "generation" in changes:
-        GenerationStep.parse(params.generation, path="generation")
+    check_steps(conn, owner, current.source, params)
     with conn.transaction():
         conn.execute(
             "update agentdb.saved_agents set params = %s, updated_at = now()"
@@ -182,9 +230,20 @@ def retrieval_request(agent: SavedAgent, text: str, *, diagnostics: bool = False
         "threshold": agent.threshold,
         "rrf_k": agent.rrf_k,
     }
-    steps = None if agent.generation is None else {"generation": agent.generation}
+    steps: dict[str, Any] = {}
+    if agent.generation is not None:
+        steps["generation"] = agent.generation
+    navigation = _navigation(agent)
+    if navigation is not None:
+        steps["retrieval"] = {"navigation": navigation}
     return RetrievalRequest.model_validate(
-        {"query": text, "queries": [query], "diagnostics": diagnostics, "steps": steps}
+        {
+            "query": text,
+            "queries": [query],
+            "diagnostics": diagnostics,
+            "steps": steps or None,
+            "max_internal_iterations": agent.max_internal_iterations,
+        }
     )
 
 
@@ -194,6 +253,7 @@ def agent_path(path: str) -> str:
     for request_path, own in (
         ("table", "source"),
         ("steps.generation", "generation"),
+        ("steps.retrieval.navigation", "navigation"),
         ("generator", "generation.generator"),
         ("query", "input"),
     ):

@@ -493,3 +493,44 @@ def test_the_sql_door_walks_as_http_does(
         )
         for h in body["hits"]
     ] == [(r[0], r[1], r[2], r[3], list(r[4]), r[5]) for r in rows]
+
+
+# Saved agents ----------------------------------------------------------------------------------------
+
+
+def test_a_saved_agent_navigates_and_its_navigation_is_checked_when_stored(client: TestClient) -> None:
+    bad = client.post(
+        "/agents",
+        json={
+            "name": "walker",
+            "source": "runbooks",
+            "retrieval_mode": "lexical",
+            "navigation": {"strategy": "tree", "selection": "ranked", "index": "sections", "beam_width": 0},
+        },
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["path"] == "navigation.beam_width"
+    assert client.get("/agents").json() == []  # nothing stored
+    created = client.post(
+        "/agents",
+        json={
+            "name": "walker",
+            "source": "runbooks",
+            "retrieval_mode": "lexical",
+            "top_k": 4,
+            "navigation": {
+                "strategy": "tree",
+                "selection": "ranked",
+                "index": "sections",
+                "start_key": "backup",
+            },
+        },
+    )
+    assert created.status_code == 201, created.text
+    body = client.post("/agents/walker/run", json={"input": "recovery target WAL replay"}).json()
+    assert body["status"] == "completed" and 0 < len(body["hits"]) <= 4
+    assert all(h["_tree"]["path"][0] == "backup" for h in body["hits"])
+    patched = client.patch(
+        "/agents/walker", json={"navigation": {"strategy": "graph", "selection": "ranked", "index": "xref"}}
+    )
+    assert patched.status_code == 400 and patched.json()["error"]["path"] == "navigation.selection"
+    assert client.get("/agents/walker").json()["navigation"]["strategy"] == "tree"  # the old one stays
