@@ -1,5 +1,5 @@
 """The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, index, principal,
-pack, start, stop, status, db-url, demo."""
+pack, memory, eval-memory, start, stop, status, db-url, demo."""
 
 from __future__ import annotations
 
@@ -591,6 +591,267 @@ def cmd_principal_delete(args: argparse.Namespace) -> None:
     print(f"deleted principal {args.name}: its key no longer works")
 
 
+# --- memory stores ------------------------------------------------------------------------------------
+
+
+def _memory_principal(conn: psycopg.Connection[Any], name: str | None) -> Any:
+    """The principal `--as NAME` acts for (its stores, under its role), or None for the application's."""
+    if name is None:
+        return None
+    from agentdb.auth import list_principals
+    from agentdb.errors import StorageFileNotFound
+
+    found = next((p for p in list_principals(conn) if p.name == name), None)
+    if found is None:
+        raise StorageFileNotFound(f"unknown principal {name!r}", path="as")
+    return found
+
+
+def _memory_vars(specs: list[str] | None) -> dict[str, str]:
+    """`--var user_id=42` options as {name: value}."""
+    out = {}
+    for i, spec in enumerate(specs or ()):
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise InvalidParamValue(f"--var takes NAME=VALUE, not {spec!r}", path=f"var[{i}]")
+        out[name] = value
+    return out
+
+
+def _memory_embedder(args: argparse.Namespace) -> Any:
+    from agentdb.embed import load_embedder
+
+    return None if getattr(args, "no_embed", False) else load_embedder()
+
+
+def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"top_k": args.top_k, "decay": args.decay}
+    if args.weights:
+        parts = args.weights.split(",")
+        if len(parts) != 3:
+            raise InvalidParamValue(
+                "--weights takes RECENCY,IMPORTANCE,RELEVANCE, e.g. 1,1,1", path="weights"
+            )
+        try:
+            options["weights"] = dict(
+                zip(("recency", "importance", "relevance"), map(float, parts), strict=True)
+            )
+        except ValueError:
+            raise InvalidParamValue(
+                f"--weights takes three numbers, not {args.weights!r}", path="weights"
+            ) from None
+    if getattr(args, "as_of", None):
+        options["as_of"] = args.as_of
+    return options
+
+
+def cmd_memory_list(args: argparse.Namespace) -> None:
+    from agentdb.memory import list_stores
+
+    with _connect(args) as conn:
+        stores = list_stores(conn, principal=_memory_principal(conn, args.as_principal))
+    if args.json:
+        print(orjson.dumps([s.model_dump(mode="json", by_alias=True) for s in stores]).decode())
+        return
+    if not stores:
+        print("no memory stores yet: `agentdb memory write STORE FILE.jsonl` (or --text) makes one")
+        return
+    print(f"{'store':24} {'records':>8} {'entities':>9} {'relations':>10}  fields")
+    for s in stores:
+        fields = ", ".join(f"{f.name}:{f.type}" for f in s.fields) or "-"
+        print(f"{s.name:24} {s.records:>8} {s.entities:>9} {s.relations:>10}  {fields}")
+
+
+def cmd_memory_write(args: argparse.Namespace) -> None:
+    from agentdb.memory import StoreSpec, write_records
+    from agentdb.memory.evaluate import load_records
+    from agentdb.sources import FieldSpec
+
+    records: list[dict[str, Any]] = []
+    for path in args.files:
+        records += load_records(Path(path))
+    if args.text is not None:
+        record: dict[str, Any] = {"text": args.text, "importance": args.importance}
+        if args.id:
+            record["id"] = args.id
+        if args.entity:
+            record["entities"] = args.entity
+        records.append(record)
+    if not records:
+        raise InvalidParamValue("give JSONL files of records, or --text", path="files")
+    spec = None
+    if args.field or args.schema or args.single_valued is not None:
+        spec = StoreSpec(
+            fields=None
+            if not args.field
+            else [FieldSpec(name=n, type=t, optional=True) for n, t in _field_types(args.field).items()],  # type: ignore[arg-type]
+            schema=args.schema,
+            single_valued=_names(args.single_valued),
+        )
+    with _connect(args, migrate_schema=True) as conn:
+        report = write_records(
+            conn,
+            args.store,
+            records,
+            principal=_memory_principal(conn, args.as_principal),
+            embedder=_memory_embedder(args),
+            spec=spec,
+            variables=_memory_vars(args.var),
+        )
+    closed = sum(len(r.closed) for r in report.relations)
+    print(
+        f"{'created' if report.created_store else 'wrote to'} memory store {report.store}: {len(report.ids)} records,"
+        f" {len(report.entities_created)} new entities, {len(report.relations)} relations"
+        + (f" ({closed} earlier ones closed)" if closed else "")
+    )
+
+
+def cmd_memory_recall(args: argparse.Namespace) -> None:
+    from agentdb.memory import assemble, recall
+
+    with _connect(args) as conn:
+        result = recall(
+            conn,
+            args.store,
+            args.query,
+            principal=_memory_principal(conn, args.as_principal),
+            embedder=_memory_embedder(args),
+            options={**_memory_options(args), "include_history": args.history, "touch": not args.no_touch},
+            variables=_memory_vars(args.var),
+        )
+    if args.json:
+        print(result.model_dump_json())
+        return
+    if args.max_tokens:
+        print(assemble(result, max_tokens=args.max_tokens).text)
+        return
+    entries = ", ".join(f"{e.name} ({e.via})" for e in result.entry_nodes) or "none"
+    print(
+        f"ranked by {' + '.join(result.ranked_by) or 'nothing (all candidates tie)'}; relevance: {result.relevance}"
+    )
+    print(f"entry nodes: {entries}; {result.candidate_count} candidates")
+    for c in result.candidates:
+        t = c.terms
+        state = "" if c.current else "  [superseded]"
+        print(
+            f"{c.rank:>3}. {c.text}{state}\n     [{c.id}] score {c.score:.3f} = recency {t.recency.weighted:.3f}"
+            f" + importance {t.importance.weighted:.3f} + relevance {t.relevance.weighted:.3f}"
+            f" (importance {c.importance}, {c.hours_since_access:.0f} h since access"
+            + (
+                f", relevance via {t.relevance.via}"
+                if t.relevance.via and t.relevance.via != "memory"
+                else ""
+            )
+            + ")"
+        )
+    for f in result.facts:
+        print(
+            f"   fact: {f.subject} {f.predicate} {f.object}"
+            + ("" if f.current else f" (until {f.invalid_from})")
+        )
+
+
+def cmd_memory_get(args: argparse.Namespace) -> None:
+    from agentdb.memory import get_record
+
+    with _connect(args) as conn:
+        record = get_record(
+            conn,
+            args.store,
+            args.id,
+            principal=_memory_principal(conn, args.as_principal),
+            variables=_memory_vars(args.var),
+            touch=not args.no_touch,
+        )
+    print(record.model_dump_json(indent=2))
+
+
+def cmd_memory_delete(args: argparse.Namespace) -> None:
+    from agentdb.memory import delete_record
+
+    with _connect(args) as conn:
+        delete_record(
+            conn,
+            args.store,
+            args.id,
+            principal=_memory_principal(conn, args.as_principal),
+            variables=_memory_vars(args.var),
+        )
+    print(f"deleted record {args.id}")
+
+
+def cmd_memory_relate(args: argparse.Namespace) -> None:
+    from agentdb.memory import write_relations
+
+    relation: dict[str, Any] = {"subject": args.subject, "predicate": args.predicate, "object": args.object}
+    if args.single:
+        relation["single_valued"] = True
+    if args.record:
+        relation["record_id"] = args.record
+    if args.valid_from:
+        relation["valid_from"] = args.valid_from
+    with _connect(args) as conn:
+        result = write_relations(
+            conn,
+            args.store,
+            [relation],
+            principal=_memory_principal(conn, args.as_principal),
+            embedder=_memory_embedder(args),
+            variables=_memory_vars(args.var),
+        )[0]
+    closed = f"; closed {len(result.closed)} earlier" if result.closed else ""
+    print(f"{result.subject} {result.predicate} {result.object}: {result.status}{closed}")
+
+
+def cmd_memory_entity(args: argparse.Namespace) -> None:
+    from agentdb.memory import get_entity
+
+    with _connect(args) as conn:
+        entity = get_entity(
+            conn,
+            args.store,
+            args.name,
+            principal=_memory_principal(conn, args.as_principal),
+            variables=_memory_vars(args.var),
+            include_history=args.history,
+        )
+    print(entity.model_dump_json(indent=2))
+
+
+def cmd_memory_drop(args: argparse.Namespace) -> None:
+    from agentdb.memory import drop_store
+
+    with _connect(args) as conn:
+        drop_store(
+            conn,
+            args.store,
+            principal=_memory_principal(conn, args.as_principal),
+            variables=_memory_vars(args.var),
+        )
+    print(f"dropped memory store {args.store}")
+
+
+def cmd_eval_memory(args: argparse.Namespace) -> None:
+    from agentdb.memory.evaluate import evaluate_memory, load_cases, memory_table
+
+    cases = load_cases(Path(args.cases))
+    with _connect(args) as conn:
+        scores = evaluate_memory(
+            conn,
+            args.store,
+            cases,
+            embedder=_memory_embedder(args),
+            k=args.k,
+            principal=_memory_principal(conn, args.as_principal),
+            options={k: v for k, v in _memory_options(args).items() if k != "top_k"},
+        )
+    if args.json:
+        print(orjson.dumps([s.to_dict() for s in scores]).decode())
+        return
+    print(f"{len(cases)} cases over memory store {args.store} (recall never touches the records here)")
+    print(memory_table(scores))
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -926,6 +1187,102 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--source", help="the new source's name (default: the name in the pack)")
     q.add_argument("--replace", action="store_true", help="replace an existing source of that name")
     q.add_argument("--no-progress", action="store_true")
+
+    help_text = (
+        "memory stores: records with importance, an entity graph, recall by recency, importance, relevance"
+    )
+    p = sub.add_parser("memory", help=help_text, description=help_text)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def memory_action(
+        name: str, func: Callable[[argparse.Namespace], None], help_text: str
+    ) -> argparse.ArgumentParser:
+        q = action(name, func, help_text)
+        q.add_argument(
+            "--as", dest="as_principal", metavar="PRINCIPAL", help="act on this principal's stores"
+        )
+        if name != "list":
+            q.add_argument("store", help="store name; may be a template such as user_{var.user_id}")
+            q.add_argument(
+                "--var", action="append", metavar="NAME=VALUE", help="a variable of the store name"
+            )
+        return q
+
+    q = memory_action("list", cmd_memory_list, "list the memory stores with their counts")
+    q.add_argument("--json", action="store_true")
+    q = memory_action(
+        "write",
+        cmd_memory_write,
+        "write records (JSONL files, or one --text) in one transaction; makes the store",
+    )
+    q.add_argument(
+        "files", nargs="*", help='JSONL records: {"id", "text", "importance", "metadata", "entities", ...}'
+    )
+    q.add_argument("--text", help="one record's text")
+    q.add_argument("--importance", type=int, default=5, help="with --text: 1..10 (default 5)")
+    q.add_argument("--id", help="with --text: the record id (default: generated)")
+    q.add_argument("--entity", action="append", help="with --text: an entity it mentions (repeatable)")
+    q.add_argument(
+        "--field", action="append", metavar="NAME:TYPE", help="a record schema field of a new store"
+    )
+    q.add_argument(
+        "--schema", help="the record schema's name (a new store's, or checked against an existing one)"
+    )
+    q.add_argument("--single-valued", help="comma-separated predicates with one current object per subject")
+    q.add_argument("--no-embed", action="store_true", help="write without embeddings (no relevance for them)")
+    q = memory_action(
+        "recall", cmd_memory_recall, "recall: entry nodes, traversal, ranked memories with their terms"
+    )
+    q.add_argument("query")
+    q.add_argument("--top-k", type=int, default=5)
+    q.add_argument("--decay", type=float, default=0.995, help="recency = decay ** hours since last access")
+    q.add_argument("--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default 1,1,1)")
+    q.add_argument(
+        "--history", action="store_true", help="include contradicted (superseded) memories and facts"
+    )
+    q.add_argument("--no-touch", action="store_true", help="leave the last-accessed times alone")
+    q.add_argument("--as-of", help="the time recency is measured to (ISO 8601; default now)")
+    q.add_argument(
+        "--no-embed", action="store_true", help="rank without relevance (recency and importance only)"
+    )
+    q.add_argument("--max-tokens", type=int, help="print the <memory> block for a prompt within this budget")
+    q.add_argument("--json", action="store_true")
+    q = memory_action("get", cmd_memory_get, "read a record by id (updates its last-accessed time)")
+    q.add_argument("id")
+    q.add_argument("--no-touch", action="store_true")
+    q = memory_action(
+        "delete", cmd_memory_delete, "delete a record with its mentions and the relations it asserted"
+    )
+    q.add_argument("id")
+    q = memory_action("relate", cmd_memory_relate, "assert a relation SUBJECT PREDICATE OBJECT")
+    q.add_argument("subject")
+    q.add_argument("predicate")
+    q.add_argument("object")
+    q.add_argument("--single", action="store_true", help="single-valued: close the subject's current one")
+    q.add_argument("--record", help="the record that asserted it")
+    q.add_argument("--valid-from", help="ISO 8601 (default now)")
+    q.add_argument("--no-embed", action="store_true")
+    q = memory_action("entity", cmd_memory_entity, "an entity with its relations in both directions")
+    q.add_argument("name")
+    q.add_argument("--history", action="store_true", help="closed relations too")
+    q = memory_action("drop", cmd_memory_drop, "drop a store with everything in it")
+
+    p = command(
+        "eval-memory",
+        cmd_eval_memory,
+        "recall@k of memory recall on labelled cases, beside pure vector similarity and recency alone",
+    )
+    p.add_argument("store")
+    p.add_argument(
+        "--cases", required=True, help='JSON Lines of {"id", "question", "gold", "stale", "category", "at"}'
+    )
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--decay", type=float, default=0.995)
+    p.add_argument("--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default 1,1,1)")
+    p.add_argument("--as", dest="as_principal", metavar="PRINCIPAL")
+    p.add_argument("--no-embed", action="store_true")
+    p.add_argument("--json", action="store_true")
     return parser
 
 

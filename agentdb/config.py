@@ -18,6 +18,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     embedding_model: str = DEFAULT_MODEL
+    # How the bundled model runs: "onnx" (int8 ONNX Runtime, exported on first use into data_dir/models),
+    # "torch" (sentence-transformers), or "auto" (onnx, falling back to torch when the export fails).
+    embed_backend: str = "auto"
     pool_min_size: int = 1
     pool_max_size: int = 10
     statement_timeout_ms: int = 30_000
@@ -45,6 +48,7 @@ class Settings:
             host=env.get("AGENTDB_HOST", "127.0.0.1"),
             port=int(env.get("AGENTDB_PORT", "8080")),
             embedding_model=env.get("AGENTDB_MODEL", DEFAULT_MODEL),
+            embed_backend=env.get("AGENTDB_EMBED_BACKEND", "auto").strip().lower() or "auto",
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
             allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),

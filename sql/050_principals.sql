@@ -255,11 +255,16 @@ declare
     open_tables oid[] := '{}';
 begin
     select * into p from agentdb.principals where id = principal_id;
-    for src in select * from agentdb.sources s where s.name = any(p.tables) order by s.id loop
+    -- Its granted sources, and its own memory stores (sql/080_memory.sql), whose whole tables it may read.
+    for src in select * from agentdb.sources s
+               where s.name = any(p.tables)
+                  or s.id in (select m.source_id from agentdb.memory_stores m where m.owner = principal_id)
+               order by s.id loop
         branches := branches || format('select t.agentdb_chunk_id from %I.%I t where $1 = %s',
                                        src.table_schema, src.table_name, src.id);
         source_ids := source_ids || src.id;
-        if (select expr from agentdb.principal_policy_sql(principal_id, src, p.row_filter)) = 'true' then
+        if exists (select 1 from agentdb.memory_stores m where m.source_id = src.id)
+           or (select expr from agentdb.principal_policy_sql(principal_id, src, p.row_filter)) = 'true' then
             open_ids := open_ids || src.id;
             open_tables := open_tables || format('%I.%I', src.table_schema, src.table_name)::regclass::oid;
         end if;

@@ -288,10 +288,14 @@ def test_cli_export_import_then_check(
 
 
 @pytest.mark.corpus
-def test_the_shipped_pack_matches_the_corpus_and_the_live_model(embedder: Any) -> None:
+def test_the_shipped_pack_matches_the_corpus_and_the_live_model() -> None:
     """The demo pack holds every record of pgdocs.jsonl.gz; a sample of its chunks re-chunked from the corpus
-    and re-embedded with the live model gives the same text and, against the stored float16 vectors, a
-    cosine of at least 0.999."""
+    and re-embedded with the model as the pack was built (the PyTorch backend) gives the same text and,
+    against the stored float16 vectors, a cosine of at least 0.999. (The int8 ONNX backend that queries it
+    by default agrees with PyTorch to 0.99; tests/test_embed_backend.py.)"""
+    from agentdb.embed import load_embedder
+
+    embedder = load_embedder(backend="torch")
     manifest = read_manifest(DEMO_PACK)
     with gzip.open(DEMO_FILE, "rb") as handle:
         corpus = {r["_id"]: r for r in map(orjson.loads, handle)}

@@ -286,6 +286,7 @@ def write_documents(
         "insert into {} (doc_id, chunk, title, text, metadata, agentdb_embedding) values (%s, %s, %s, %s, %s, %s)"
     ).format(source.table)
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
+    started_at, chunks_before = time.perf_counter(), report.chunks
     try:
         for batch in _batches(documents, batch_size):
             rows: list[tuple[Any, ...]] = []
@@ -328,8 +329,10 @@ def write_documents(
                         cur.executemany(insert, rows)
             report.documents += len(batch)
             report.chunks += len(rows)
+            elapsed = time.perf_counter() - started_at
+            rate = (report.chunks - chunks_before) / elapsed if elapsed else 0.0
+            bar.set_postfix_str(f"{report.chunks} chunks, {rate:.1f} chunks/s", refresh=False)
             bar.update(len(batch))
-            bar.set_postfix(chunks=report.chunks)
     finally:
         bar.close()
     return report
