@@ -70,6 +70,19 @@ class Steps(BaseModel):
     generation: dict[str, Any] | None = None
 
 
+class MemoryOptions(BaseModel):
+    """`memory`: recall from the caller's memory stores (agentdb.memory) for the request's query; the top
+    memories, inside `<memory>` delimiters labelled as data, go to the generation step (`{{{memory}}}`, or
+    `{{{memory_<store>}}}` per store, in a template) and are reported in the `memory_recall` step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stores: list[str] = Field(min_length=1, max_length=8)
+    top_k: int = Field(5, ge=1, le=100)
+    max_tokens: int = Field(800, ge=50, le=20_000)
+    vars: dict[str, str | int] | None = None
+
+
 class RetrievalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +93,7 @@ class RetrievalRequest(BaseModel):
     max_internal_iterations: int = Field(0, ge=0, le=20)
     generator: GeneratorSpec | None = None
     steps: Steps | None = None
+    memory: MemoryOptions | None = None
 
 
 class IndexScores(BaseModel):
@@ -144,7 +158,7 @@ class AgentHit(BaseModel):
 
 class Step(BaseModel):
     id: str
-    kind: Literal["retrieval", "deepening", "expansion", "navigation", "generation"] = "retrieval"
+    kind: Literal["retrieval", "deepening", "expansion", "navigation", "memory", "generation"] = "retrieval"
     name: str
     status: Literal["completed", "failed"]
     duration_ms: float
@@ -174,6 +188,7 @@ __all__ = [
     "AgentHit",
     "FullTextSearch",
     "IndexScores",
+    "MemoryOptions",
     "QuerySpec",
     "RetrievalOptions",
     "RetrievalRequest",

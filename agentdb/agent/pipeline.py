@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from agentdb.agent.merge import merge
-from agentdb.agent.models import AgentHit, RetrievalRequest, RetrievalResponse
+from agentdb.agent.models import AgentHit, MemoryOptions, RetrievalRequest, RetrievalResponse
 from agentdb.agent.navigate import Scope
 from agentdb.agent.query import QueryOutcome, legs, run_query
 from agentdb.agent.stream import stream_call
@@ -22,6 +22,7 @@ from agentdb.auth import Principal, read_scope
 from agentdb.config import Settings
 from agentdb.embed import Embedder, load_embedder
 from agentdb.generation import GenerationResult, generate
+from agentdb.memory import RecallResult, assemble, get_store, recall
 from agentdb.retrieval import Hit
 from agentdb.sources import get_source
 
@@ -30,8 +31,54 @@ from agentdb.sources import get_source
 Event = tuple[str, Any]
 
 
+def _memory(
+    conn: psycopg.Connection[Any],
+    options: MemoryOptions,
+    query: str,
+    principal: Principal | None,
+    embedder_for: Callable[[str], Embedder],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Recall from each named store: the `memory_recall` step's details (per store: the entry nodes, what
+    decided the order, the ranked memories with their three terms; what reached the prompt) and the memory
+    blocks for generation (`memory`, and `memory_<store>` per store)."""
+    results: list[RecallResult] = []
+    for store in options.stores:
+        found = get_store(conn, store, principal=principal, variables=options.vars)
+        results.append(
+            recall(
+                conn,
+                store,
+                query,
+                principal=principal,
+                variables=options.vars,
+                embedder=embedder_for(found.source.embedding_model),
+                top_k=options.top_k,
+            )
+        )
+    together = assemble(results, max_tokens=options.max_tokens)
+    blocks = {"memory": together.text}
+    for store, result in zip(options.stores, results, strict=True):
+        blocks[f"memory_{store}"] = assemble(result, max_tokens=options.max_tokens).text
+    details = {
+        "stores": [
+            {
+                "store": r.store,
+                "relevance": r.relevance,
+                "ranked_by": r.ranked_by,
+                "entry_nodes": [e.model_dump(mode="json") for e in r.entry_nodes],
+                "candidates": [c.model_dump(mode="json", exclude={"text", "metadata"}) for c in r.candidates],
+            }
+            for r in results
+        ],
+        "reached_prompt": {"record_ids": together.record_ids, "fact_ids": together.fact_ids},
+        "tokens": together.tokens,
+        "left_out": together.left_out,
+    }
+    return details, blocks
+
+
 def _generation(
-    plan: Plan, query: str, hits: list[Hit], stream: bool
+    plan: Plan, query: str, hits: list[Hit], stream: bool, memory: dict[str, str] | None = None
 ) -> Generator[Event, None, GenerationResult]:
     """The generation step over the merged hits, grouped by table; when streaming, text deltas come out as
     `generation` events while the model writes. Returns the answer."""
@@ -50,6 +97,7 @@ def _generation(
             knowledge,
             system_prompt=step.system_prompt,
             template=step.template,
+            memory=memory,
             placement=step.placement,
             max_tokens=step.max_tokens,
             cancel=cancel,
@@ -176,13 +224,34 @@ def run(
             yield "step_completed", nav_done
             outcome.hits = walked.hits
         hit_lists.append(outcome.hits)
+    memory_blocks = None
+    if request.memory is not None:
+        memory_step = {
+            "id": "memory_recall",
+            "kind": "memory",
+            "name": "memory_recall",
+            "status": "completed",
+        }
+        yield (
+            "step_started",
+            {**memory_step, "status": "running", "details": {"stores": request.memory.stores}},
+        )
+        started = time.perf_counter()
+        details, memory_blocks = _memory(conn, request.memory, request.query, principal, embedder_for)
+        memory_done = {
+            **memory_step,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "details": details,
+        }
+        steps.append(memory_done)
+        yield "step_completed", memory_done
     merged = merge(hit_lists, max(q.limit for q in request.queries))
     for hit in merged:
         yield "hit", hit
     generation = None
     if plan.generation is not None:
         started = time.perf_counter()
-        answer = yield from _generation(plan, request.query, merged, request.stream)
+        answer = yield from _generation(plan, request.query, merged, request.stream, memory_blocks)
         generation_step = {
             "id": "generation",
             "kind": "generation",

@@ -18,6 +18,7 @@ from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
 from agentdb.indexes import check_index
 from agentdb.llm import Usage, UsageMeter, resolve_model
+from agentdb.memory import get_store
 from agentdb.sources import get_source
 
 
@@ -142,6 +143,15 @@ def validate(
                     path=f"{where}.instruction_field",
                 )
         projections.append(fields)
+    if request.memory is not None:
+        if principal is not None:
+            check_tool(principal, "memory", path="memory")
+        for i, store in enumerate(request.memory.stores):
+            try:
+                get_store(conn, store, principal=principal, variables=request.memory.vars)
+            except AgentDBError as exc:
+                exc.path = f"memory.stores[{i}]"
+                raise
     return plan
 
 
