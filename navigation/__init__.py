@@ -3,7 +3,7 @@ agentdb. The caller supplies scoped reads, child and neighbour lists, scores and
 protocols in `navigation.protocols`; the package supplies the frontier, the walks, ranked selection, the
 agentic loop policy and the budgets they share."""
 
-from navigation.agentic import TOOL_NAMES, run_agentic, system_prompt, tool_definitions
+from navigation.agentic import TOOL_NAMES, Lookup, run_agentic, system_prompt, tool_definitions
 from navigation.budget import TOOL_CALL_CAP, Budget, TokenEstimator, estimate_tokens, fit_prefix
 from navigation.frontier import Frontier
 from navigation.graph import GraphWalk, graph_candidates
@@ -66,6 +66,7 @@ __all__ = [
     "Frontier",
     "GraphWalk",
     "KeywordScorer",
+    "Lookup",
     "NavigationResult",
     "NeighbourLister",
     "Node",

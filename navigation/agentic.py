@@ -10,6 +10,8 @@ Policy:
     candidate whose snippet was shown before is listed again by key and title only.
   * One action per turn: the first valid call of a turn is executed; every other call of that turn (before
     or after it) gets corrective feedback as an error tool result and changes nothing.
+  * Lookups (read-only tools such as `search_memory`, given by the caller) answer from data and are not
+    moves: they may come in the same turn as a move.
   * Every call the model makes counts as a tool call, rejected ones too; at most 20 per run. Calls past the
     cap are not answered and the run ends `incomplete` (`tool_calls`).
   * A turn with no tool call ends the run `completed`; so does a walk with nothing left to offer. Any budget
@@ -22,7 +24,8 @@ Policy:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from navigation.nodes import CallRecord, Candidate, NavigationResult, StepKind
@@ -69,9 +72,28 @@ _TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
-def tool_definitions(tools: Sequence[str] = TOOL_NAMES) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Lookup:
+    """A read-only tool the model may call besides moving, e.g. `search_memory`: it answers from data (its
+    `answer` returns the tool result text, already inside the delimiters that mark it as data, or raises
+    ValueError for bad arguments, which becomes feedback). A lookup is a tool call, not a move: it spends the
+    tool-call and context budgets and may come in the same turn as a move."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    answer: Callable[[Any], str]
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+
+
+def tool_definitions(
+    tools: Sequence[str] = TOOL_NAMES, lookups: Sequence[Lookup] = ()
+) -> list[dict[str, Any]]:
     """The tools as `{name, description, input_schema}` objects (the Messages API shape), in `tools` order."""
-    return [_TOOLS[name] for name in tools]
+    extra = {lookup.name: lookup.definition() for lookup in lookups}
+    return [_TOOLS[name] if name in _TOOLS else extra[name] for name in tools]
 
 
 def system_prompt(kind: StepKind, rules: Sequence[str] = ()) -> str:
@@ -110,8 +132,10 @@ class _Run:
         instruction: str | None,
         instruction_field: str | None,
         snippet_chars: int,
+        lookups: Sequence[Lookup] = (),
     ) -> None:
         self.chooser = chooser
+        self.lookups = {lookup.name: lookup for lookup in lookups if lookup.name not in TOOL_NAMES}
         self.walk = walk
         self.budget = walk.budget
         self.query = query
@@ -136,7 +160,11 @@ class _Run:
         return self.searcher is not None and self.searches < self.max_searches and not self.walk.visits
 
     def tools(self) -> tuple[str, ...]:
-        return (("navigate",) if self.selectable else ()) + (("search",) if self.can_search() else ())
+        return (
+            (("navigate",) if self.selectable else ())
+            + (("search",) if self.can_search() else ())
+            + tuple(self.lookups)
+        )
 
     def hint(self) -> str:
         keys = ", ".join(f'"{attribute(k)}"' for k in self.selectable)
@@ -206,11 +234,15 @@ class _Run:
     def handle(self, call: ToolCall, acted: bool, turn: Turn) -> tuple[str, bool]:
         """The tool result for `call` and whether it was executed."""
         args = call.args if isinstance(call.args, dict) else {}
+        lookup = self.lookups.get(call.name)
+        if lookup is not None:
+            try:
+                return lookup.answer(args), True
+            except ValueError as exc:
+                return f"{call.name} was not executed: {exc}", False
         if call.name not in TOOL_NAMES:
-            return (
-                f'Unknown tool "{attribute(call.name)}"; the tools are navigate and search. {self.hint()}',
-                False,
-            )
+            known = ", ".join(["navigate", "search", *self.lookups])
+            return f'Unknown tool "{attribute(call.name)}"; the tools are {known}. {self.hint()}', False
         if acted:
             return (
                 "Only one action per turn: this call was not executed. Read the result of the executed call "
@@ -300,7 +332,7 @@ class _Run:
                 if not self.budget.take_tool_call():
                     break
                 content, executed = self.handle(call, acted, turn)
-                acted = acted or executed
+                acted = acted or (executed and call.name in TOOL_NAMES)
                 self.budget.charge(content)
                 answered.append(ToolResult(call.id, call.name, content, is_error=not executed))
                 self.calls.append(CallRecord(turn.number, call.name, call.args, executed, content))
@@ -334,10 +366,11 @@ def run_agentic(
     instruction: str | None = None,
     instruction_field: str | None = None,
     snippet_chars: int = SNIPPET_CHARS,
+    lookups: Sequence[Lookup] = (),
 ) -> NavigationResult:
     """Let `chooser` steer `walk` (a `TreeWalk` or `GraphWalk`, whose `budget` the run shares) from
     `start_key`, or from a node found with `search`, until it stops or a budget runs out; never raises for
-    an exhausted budget or a misbehaving model."""
+    an exhausted budget or a misbehaving model. `lookups` are read-only tools offered besides (not moves)."""
     if max_searches < 0:
         raise ValueError("max_searches must not be negative")
     run = _Run(
@@ -349,5 +382,6 @@ def run_agentic(
         instruction=instruction,
         instruction_field=instruction_field,
         snippet_chars=snippet_chars,
+        lookups=lookups,
     )
     return run.run(start_key)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, serve
+from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool, serve
 from fastapi.testclient import TestClient
 
 from agentdb.api import create_app
@@ -17,7 +17,15 @@ from agentdb.auth import create_principal, delete_principal, list_principals
 from agentdb.config import Settings
 from agentdb.memory import write_records
 
-DOCS = [{"_id": "menu", "title": "Menu", "text": "Friday: satay with peanut sauce, or grilled fish."}]
+DOCS = [
+    {
+        "_id": "menu",
+        "title": "Menu",
+        "text": "Friday: satay with peanut sauce, or grilled fish.",
+        "next": "specials",
+    },
+    {"_id": "specials", "title": "Specials", "text": "Saturday: peanut brittle.", "next": "menu"},
+]
 
 
 @pytest.fixture
@@ -91,3 +99,45 @@ def test_memory_needs_its_tool_and_an_existing_store_before_anything_runs(
     ).json()
     assert (hidden["error"]["code"], hidden["error"]["path"]) == (3010, "memory.stores[0]")
     assert fake[0].requests == []
+
+
+def test_agentic_runs_offer_search_memory_to_the_model(client: TestClient, fake: Any) -> None:
+    api, _ = fake
+    assert (
+        client.post(
+            "/sources/kitchen/indexes", json={"name": "links", "kind": "graph", "field": "next"}
+        ).status_code
+        == 201
+    )
+    api.replies.extend([reply_tool("search_memory", {"query": "food allergies"}), reply_text("done")])
+    body = client.post(
+        "/agents/retrieval",
+        json={
+            **REQUEST,
+            "steps": {
+                "retrieval": {
+                    "navigation": {
+                        "query_index": 0,
+                        "strategy": "graph",
+                        "selection": "agentic",
+                        "index": "links",
+                        "start_key": "menu",
+                    }
+                }
+            },
+            "max_internal_iterations": 3,
+        },
+    ).json()
+    assert body["status"] == "completed" and body["tool_calls_made"] == 1, body
+    first, second = api.requests
+    assert "search_memory" in {t["name"] for t in first["tools"]}
+    result = next(
+        b
+        for m in second["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b["type"] == "tool_result"
+    )
+    assert (
+        "<memory>" in orjson.dumps(result).decode() and "allergic to peanuts" in orjson.dumps(result).decode()
+    )

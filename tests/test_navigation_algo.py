@@ -21,6 +21,7 @@ from navigation import (
     Frontier,
     GraphWalk,
     KeywordScorer,
+    Lookup,
     NavigationResult,
     Node,
     Step,
@@ -886,3 +887,37 @@ def test_property_graph_walks_stay_a_single_path(
     assert all(call[1] == direction and call[2] == edge_types for call in store.neighbour_calls)
     if result.status == "incomplete":
         assert result.reason == "max_steps" and walk.moves == max_steps
+
+
+def test_lookups_answer_besides_a_move_and_count_as_tool_calls() -> None:
+    """A read-only tool (as search_memory is) answers in the same turn as a move, is offered every turn, turns
+    bad arguments into feedback, and spends the tool-call budget."""
+    store = runbook()
+    asked: list[str] = []
+
+    def answer(args: Any) -> str:
+        if not isinstance(args.get("query"), str):
+            raise ValueError('search_memory needs {"query": "<text>"}')
+        asked.append(args["query"])
+        return "<memory>\nAlice is allergic to peanuts.\n</memory>"
+
+    memory = Lookup("search_memory", "recall", {"type": "object"}, answer)
+    script = [
+        Decision((ToolCall("search_memory", {"query": "allergies"}, "1"), nav("a", "2"))),
+        Decision((ToolCall("search_memory", {"q": 1}, "3"),)),
+    ]
+    chooser = Script(lambda turn: script[turn.number - 1] if turn.number <= len(script) else Decision())
+    result = run_agentic(chooser, TreeWalk(store, store), query="q", start_key="root", lookups=[memory])
+    assert result.keys == ["root", "a"] and asked == ["allergies"]
+    assert [(c.name, c.executed) for c in result.calls] == [
+        ("search_memory", True),
+        ("navigate", True),
+        ("search_memory", False),
+    ]
+    assert "Alice is allergic" in result.calls[0].result and "needs" in result.calls[2].result
+    assert all("search_memory" in t.tools for t in chooser.turns)
+    assert [d["name"] for d in tool_definitions(("navigate", "search_memory"), [memory])] == [
+        "navigate",
+        "search_memory",
+    ]
+    assert result.tool_calls_made == 3

@@ -21,6 +21,7 @@ from navigation import (
     Decision,
     GraphWalk,
     KeywordScorer,
+    Lookup,
     NavigationResult,
     Node,
     Step,
@@ -59,9 +60,12 @@ class ModelChooser:
     """`navigation.Chooser` over an agentdb Model: one Messages API call per turn, the conversation kept
     here (tool results answer the previous turn's tool calls), the workflow rules in the system prompt."""
 
-    def __init__(self, model: Model, kind: str, *, max_tokens: int = 1024) -> None:
+    def __init__(
+        self, model: Model, kind: str, *, lookups: Sequence[Lookup] = (), max_tokens: int = 1024
+    ) -> None:
         self.model = model
         self.kind = kind
+        self.lookups = lookups
         self.max_tokens = max_tokens
         self.messages: list[Message] = []
 
@@ -86,7 +90,7 @@ class ModelChooser:
         completion = self.model.complete(
             self.messages,
             system=system_prompt(self.kind, turn.rules),  # type: ignore[arg-type]
-            tools=[ToolSpec(**spec) for spec in tool_definitions(turn.tools)],
+            tools=[ToolSpec(**spec) for spec in tool_definitions(turn.tools, self.lookups)],
             max_tokens=self.max_tokens,
         )
         self.messages.append(Message.assistant(completion))
@@ -166,8 +170,10 @@ def walk(
     max_iterations: int,
     report: Callable[[dict[str, Any]], None],
     cancel: threading.Event | None = None,
+    lookups: Sequence[Lookup] = (),
 ) -> WalkOutcome:
-    """Run the navigation `options` over `scope`: `report` gets a step_progress payload per node read."""
+    """Run the navigation `options` over `scope`: `report` gets a step_progress payload per node read;
+    agentic runs offer `lookups` (read-only tools such as search_memory) besides their moves."""
     edges = SqlEdges(scope, options.index)
     nodes = SqlNodes(scope)
 
@@ -244,13 +250,14 @@ def walk(
             )
         start_key = options.start_key or (seeds[0].id if seeds else None)
         result = run_agentic(
-            ModelChooser(model, f"{options.strategy}_navigation"),
+            ModelChooser(model, f"{options.strategy}_navigation", lookups=lookups),
             runner,
             query=query,
             start_key=start_key,
             search=QuerySearcher(scope, mode, limit, embedder),
             instruction=options.instruction,
             instruction_field=options.instruction_field,
+            lookups=lookups,
         )
         visits = list(result.visits)[:limit]
         relevance = {v.key: v.score for v in visits}
