@@ -83,3 +83,13 @@ def scifact_path() -> Path:
     if not (SCIFACT / "corpus.jsonl.gz").exists():
         pytest.skip(f"SciFact is not present at {SCIFACT}; the quality gates need ../shared/datasets/scifact")
     return SCIFACT
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[Any, str]]:
+    """A fake Anthropic Messages API served on 127.0.0.1 (tests/fake_anthropic.py) and its base URL."""
+    from fake_anthropic import FakeAnthropicAPI, serve
+
+    api = FakeAnthropicAPI()
+    with serve(api) as url:
+        yield api, url

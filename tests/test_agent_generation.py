@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool, serve
+from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool
 from fastapi.testclient import TestClient
 
 from agentdb.agent.stream import stream_call
@@ -31,13 +31,6 @@ DOCS = [
     },
 ]
 QUERY = {"table": "runbooks", "full_text_search": "backup restore WAL archive", "limit": 3}
-
-
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeAnthropicAPI, str]]:
-    api = FakeAnthropicAPI()
-    with serve(api) as url:
-        yield api, url
 
 
 @pytest.fixture

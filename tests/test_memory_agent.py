@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool, serve
+from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool
 from fastapi.testclient import TestClient
 
 from agentdb.api import create_app
@@ -26,13 +26,6 @@ DOCS = [
     },
     {"_id": "specials", "title": "Specials", "text": "Saturday: peanut brittle.", "next": "menu"},
 ]
-
-
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeAnthropicAPI, str]]:
-    api = FakeAnthropicAPI()
-    with serve(api) as url:
-        yield api, url
 
 
 @pytest.fixture

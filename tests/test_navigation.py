@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool, serve
+from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -75,13 +75,6 @@ QUERY = {"table": "runbooks", "full_text_search": "restore WAL replay recovery t
 
 def navigation(**fields: Any) -> dict[str, Any]:
     return {"steps": {"retrieval": {"navigation": {"query_index": 0, "index": "sections", **fields}}}}
-
-
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeAnthropicAPI, str]]:
-    api = FakeAnthropicAPI()
-    with serve(api) as url:
-        yield api, url
 
 
 @pytest.fixture
