@@ -356,6 +356,8 @@ def cmd_search(args: argparse.Namespace) -> None:
             threshold=args.threshold,
             filter=_json_arg(args.filter, "filter"),
             group_by_doc=args.group_by_doc,
+            fusion=args.fusion,
+            alpha=args.alpha,
         )
     if args.json:
         print(
@@ -1069,6 +1071,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"])
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--rrf-k", type=int, default=60)
+    p.add_argument(
+        "--fusion",
+        default="rrf",
+        choices=["rrf", "convex"],
+        help="hybrid fusion: reciprocal ranks (rrf, the default) or alpha x BM25 + (1 - alpha) x cosine "
+        "similarity, each min-max normalised over its leg's candidates (convex)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.5, help="BM25 weight of --fusion convex, 0..1 (default 0.5)"
+    )
     p.add_argument(
         "--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none"
     )

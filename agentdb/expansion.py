@@ -40,13 +40,21 @@ def expand(
     """
     if not hits:
         return []
-    rows = run_sql(
+    rows = [h.row() if isinstance(h, Hit) else dict(h) for h in hits]
+    # The function needs only each hit's key and rank, and keeps every field of a group's best hit: it is sent
+    # those (and the hit's position, `i`) and the other fields are put back here, so the texts, titles and
+    # metadata of the hits do not travel to the database and back.
+    slim = [
+        {"id": r.get("id"), "chunk": r.get("chunk"), "rank": r.get("rank"), "i": i}
+        for i, r in enumerate(rows)
+    ]
+    merged = run_sql(
         conn,
         "select agentdb.expand(%(source)s, %(hits)s, %(window)s, filter => %(filter)s, row_filter => %(row_filter)s,"
         " fields => %(fields)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
         {
             "source": source,
-            "hits": Jsonb([h.row() if isinstance(h, Hit) else dict(h) for h in hits]),
+            "hits": Jsonb(slim),
             "window": window,
             "filter": None if filter is None else Jsonb(filter),
             "row_filter": None if row_filter is None else Jsonb(row_filter),
@@ -54,8 +62,14 @@ def expand(
             "filter_query": None if filter_query is None else Jsonb(filter_query),
             "exclusion_query": None if exclusion_query is None else Jsonb(exclusion_query),
         },
-    )
-    return [Hit.from_row(item, table=source) for item in rows[0][0]]
+    )[0][0]
+    out = []
+    for item in merged:
+        row = {**rows[item["i"]], "chunks": item["chunks"], "hit_chunks": item["hit_chunks"]}
+        if "text" in item:
+            row["text"] = item["text"]
+        out.append(Hit.from_row(row, table=source))
+    return out
 
 
 __all__ = ["DEFAULT_WINDOW", "expand"]

@@ -1,10 +1,11 @@
-"""SciFact side by side: agentdb's lexical, dense and hybrid retrieval against bm25s, exact numpy cosine over the
-same stored embeddings, Python-side RRF and Postgres ts_rank_cd, on the same data in the same run.
+"""SciFact side by side: agentdb's lexical, dense and hybrid retrieval (RRF and convex fusion) against bm25s, exact
+numpy cosine over the same stored embeddings, Python-side RRF and convex fusion and Postgres ts_rank_cd, on the
+same data in the same run.
 
     .venv/bin/python bench/scifact.py
 
 Prints one table (nDCG@10, Recall@100, p50/p95 latency per query at top_k 100 and at top_k 10) and writes
-bench/results/scifact.json. The first run ingests SciFact into bench/.cache/scifact (about 5 minutes, the
+bench/results/scifact.json, then the nDCG@10 of convex fusion at a few values of alpha (quality only). The first run ingests SciFact into bench/.cache/scifact (about 5 minutes, the
 embedding dominates); later runs reuse it. A benchmark, not a test: nothing here fails for being slow.
 """
 
@@ -38,6 +39,7 @@ SOURCE = "scifact"
 INGEST_LOG = CACHE / "scifact_ingest.json"  # timings of the run that ingested the cached corpus
 N_DOCS = 5183
 RRF_K = 60
+ALPHA = 0.5  # convex fusion: ALPHA x BM25 + (1 - ALPHA) x cosine similarity, each min-max normalised
 DEPTH = 100  # candidate depth of every fused list and the quality run's top_k
 SERVE_K = 10
 TARGET_HYBRID_P50_MS = 10.0
@@ -122,6 +124,21 @@ def rrf(lists: list[Hits], k: int, rrf_k: int = RRF_K) -> Hits:
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
 
 
+def convex(lexical: Hits, dense: Hits, k: int, alpha: float = ALPHA) -> Hits:
+    """alpha x BM25 + (1 - alpha) x cosine similarity, each min-max normalised over its list (agentdb's rule,
+    over document lists instead of chunk candidates); a document absent from a list gets 0 from it."""
+
+    def normalised(hits: Hits) -> dict[str, float]:
+        if not hits:
+            return {}
+        lo, hi = min(s for _, s in hits), max(s for _, s in hits)
+        return {d: (s - lo) / (hi - lo) if hi > lo else 1.0 for d, s in hits}
+
+    lex, den = normalised(lexical), normalised(dense)
+    fused = {d: alpha * lex.get(d, 0.0) + (1 - alpha) * den.get(d, 0.0) for d in lex.keys() | den.keys()}
+    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
 # ts_rank_cd peers. The OR query is built from to_tsvector's lexemes, each quoted for tsquery input
 # (backslash and quote escaped) and cast without re-normalizing; the query text is a bound parameter.
 TS_AND = """
@@ -160,6 +177,12 @@ def main() -> int:
         type=int,
         default=2,
         help="timing passes; each query's latency is its best pass (default 2)",
+    )
+    parser.add_argument(
+        "--alphas",
+        type=lambda text: [float(a) for a in text.split(",") if a.strip()],
+        default=[0.3, 0.4, 0.5, 0.6, 0.7],
+        help="convex fusion alphas for the quality-only sweep, comma-separated ('' for none)",
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-json", action="store_true", help="do not write bench/results/scifact.json")
@@ -241,7 +264,9 @@ def main() -> int:
     print(f"{len(emb_doc_ids)} documents, {n_chunks} chunks, {n} judged queries")
 
     # --- systems: each maps a query index to document hits at depth k ---------------------------------
-    def agentdb_system(mode: str, threshold: float = 0.0) -> Callable[[int, int], Hits]:
+    def agentdb_system(
+        mode: str, threshold: float = 0.0, fusion: str = "rrf", alpha: float = ALPHA
+    ) -> Callable[[int, int], Hits]:
         def search(i: int, k: int) -> Hits:
             vector = None if mode == "lexical" else qvecs[i]
             result = retrieve(
@@ -253,6 +278,8 @@ def main() -> int:
                 threshold=threshold,  # type: ignore[arg-type]
                 group_by_doc=k == DEPTH,
                 query_embedding=vector,
+                fusion=fusion,  # type: ignore[arg-type]
+                alpha=alpha,
             )
             return list(pool_by_document((h.id, h.score) for h in result.hits).items())
 
@@ -270,6 +297,9 @@ def main() -> int:
 
     def python_rrf(i: int, k: int) -> Hits:
         return rrf([bm25s_search(i, DEPTH), numpy_search(i, DEPTH)], k)
+
+    def python_convex(i: int, k: int) -> Hits:
+        return convex(bm25s_search(i, DEPTH), numpy_search(i, DEPTH), k)
 
     def ts_system(template: str) -> Callable[[int, int], Hits]:
         statement = sql.SQL(template).format(table=table)  # type: ignore[arg-type]
@@ -289,12 +319,27 @@ def main() -> int:
             agentdb_system("hybrid", 0.5),
         ),
         (
+            "agentdb hybrid convex",
+            f"{ALPHA} x BM25 + {1 - ALPHA} x cosine, min-max per leg, one SQL statement",
+            agentdb_system("hybrid", fusion="convex"),
+        ),
+        (
+            "agentdb convex thr 0.5",
+            "same, dense leg gated at cosine distance 0.5 (retrieve's default)",
+            agentdb_system("hybrid", 0.5, fusion="convex"),
+        ),
+        (
             "bm25s",
             f"k1 {source.bm25_k1}, b {source.bm25_b}, English stemmer + stopwords, in-process",
             bm25s_search,
         ),
         ("numpy exact cosine", "brute force over agentdb's stored chunk embeddings", numpy_search),
         ("Python RRF (bm25s+numpy)", "k=60, top-100 of each fused in Python", python_rrf),
+        (
+            "Python convex (bm25s+numpy)",
+            f"alpha {ALPHA}, min-max over the top-100 documents of each, in Python",
+            python_convex,
+        ),
         ("ts_rank_cd AND", "plainto_tsquery, as in common examples", ts_system(TS_AND)),
         ("ts_rank_cd OR", "OR of to_tsvector's lexemes", ts_system(TS_OR)),
     ]
@@ -348,9 +393,26 @@ def main() -> int:
         overlap.append(len(exact & {(h.id, h.chunk) for h in got.hits}) / SERVE_K)
     hnsw_recall = float(np.mean(overlap))
 
+    # --- convex fusion at a few values of alpha (quality only, @100) ---------------------------------------
+    alpha_sweep: list[dict[str, Any]] = []
+    for alpha in args.alphas:
+        search = agentdb_system("hybrid", fusion="convex", alpha=alpha)
+        run = {
+            q: dict(search(i, DEPTH))
+            for i, q in tqdm(
+                enumerate(qids), total=n, desc=f"convex alpha {alpha}", disable=not progress, leave=False
+            )
+        }
+        alpha_sweep.append(
+            {"alpha": alpha, "ndcg10": ndcg_at(run, judged, 10), "recall100": recall_at(run, judged, 100)}
+        )
+
     by = {r["system"]: r for r in results}
     hybrid, ts_or, lexical = by["agentdb hybrid"], by["ts_rank_cd OR"], by["agentdb lexical"]
+    hybrid_convex = by["agentdb hybrid convex"]
     ratios = {
+        "convex_minus_rrf_ndcg10": hybrid_convex["ndcg10"] - hybrid["ndcg10"],
+        "convex_vs_rrf_p50_top10": hybrid_convex["p50_ms_top10"] / hybrid["p50_ms_top10"],
         "hybrid_vs_ts_rank_cd_or_speedup_p50_top10": ts_or["p50_ms_top10"] / hybrid["p50_ms_top10"],
         "hybrid_vs_ts_rank_cd_or_speedup_p50_top100": ts_or["p50_ms_top100"] / hybrid["p50_ms_top100"],
         "hybrid_vs_ts_rank_cd_or_ndcg10_ratio": hybrid["ndcg10"] / ts_or["ndcg10"],
@@ -401,6 +463,16 @@ def main() -> int:
         f"nDCG@10 {ratios['hybrid_vs_ts_rank_cd_or_ndcg10_ratio']:.2f}x"
     )
     print(
+        f"agentdb hybrid, convex (alpha {ALPHA}) vs RRF (k {RRF_K}): nDCG@10 {hybrid_convex['ndcg10']:.3f} vs "
+        f"{hybrid['ndcg10']:.3f}, p50 @10 {hybrid_convex['p50_ms_top10']:.2f} vs {hybrid['p50_ms_top10']:.2f} ms. "
+        "RRF stays the default: convex is measured on SciFact only (no second BEIR-format dataset here)."
+    )
+    if alpha_sweep:
+        print(
+            "convex nDCG@10 by alpha (BM25 weight; @100, threshold 0): "
+            + ", ".join(f"{a['alpha']:g}: {a['ndcg10']:.3f}" for a in alpha_sweep)
+        )
+    print(
         f"HNSW recall@10 of agentdb dense vs exact numpy (same stored embeddings, chunk level): {hnsw_recall:.3f}"
     )
     for key, t in targets.items():
@@ -417,6 +489,7 @@ def main() -> int:
             "corpus": {"documents": len(emb_doc_ids), "chunks": n_chunks, "queries": n},
             "settings": {
                 "rrf_k": RRF_K,
+                "convex_alpha": ALPHA,
                 "depth": DEPTH,
                 "serve_top_k": SERVE_K,
                 "warmup_queries": 10,
@@ -433,6 +506,7 @@ def main() -> int:
             "ingest": ingest_info,
             "results": [_rounded(r) for r in results],
             "ratios": {k: round(v, 4) for k, v in ratios.items()},
+            "convex_alpha_sweep": [_rounded(a) for a in alpha_sweep],
             "targets": targets,
             "run_seconds": round(elapsed, 1),
             "load_average_1m": {"before_timing": load_before, "after": load_after},

@@ -1,6 +1,7 @@
 -- Retrieval: the dense leg (HNSW, cosine, iterative scan), the lexical leg (exact Okapi BM25 over the
--- postings) and their Reciprocal Rank Fusion, in ONE dynamic SQL statement. agentdb.retrieve is the one
--- implementation; agentdb.search, agentdb.similar, the Python API, the CLI and HTTP all go through it.
+-- postings) and their fusion (Reciprocal Rank Fusion, or a convex combination of normalised scores), in ONE
+-- dynamic SQL statement. agentdb.retrieve is the one implementation; agentdb.search, agentdb.similar, the
+-- Python API, the CLI and HTTP all go through it.
 
 -- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
 -- would leave an older overload behind and make calls ambiguous.
@@ -197,6 +198,17 @@ $$;
 --     candidates = coalesce(candidates, greatest(100, 4 * top_k)) rows (at most 4000) before fusion;
 --     otherwise the single leg fetches top_k rows.
 --   filter and row_filter (a principal's) are compiled by agentdb_internal.compile_filter and applied to both legs.
+--   fusion: how hybrid mode fuses its legs (inert in dense and lexical mode, whose score is 1 - distance or BM25):
+--     'rrf' (the default): score = sum over legs of 1 / (rrf_k + rank), rank 1-based within the leg.
+--     'convex': score = alpha * bm25_norm + (1 - alpha) * sim_norm, where each leg's score (BM25; cosine
+--       similarity 1 - distance) is min-max normalised over that leg's candidate pool as it enters fusion:
+--       the lexical leg's candidates, and the dense leg's after the threshold (the threshold gates exactly as
+--       with RRF, and a gated candidate neither scores nor sets the range). The best candidate of a leg gets 1,
+--       its worst 0; a pool whose scores are all equal (one candidate, say) gives each 1, since each is that
+--       leg's best. A chunk absent from a leg gets 0 from it. alpha (0..1, default 0.5) weighs BM25: 1 is
+--       the lexical leg alone, 0 the dense leg alone (each over the fused candidates).
+--     RRF stays the default: convex measured better on SciFact (bench/scifact.py), but on no second
+--     BEIR-format dataset yet.
 --   fields: projection of the returned metadata/title/text (null = everything).
 --   Under a principal's role (SET ROLE) the source is read through agentdb.source_relation, so columns
 --   outside the field grant read as null; the row filter is then applied by the role's row security, and
@@ -218,7 +230,9 @@ create or replace function agentdb.retrieve(
     fields text[] default null,
     exclude_doc text default null,
     filter_query jsonb default null,
-    exclusion_query jsonb default null
+    exclusion_query jsonb default null,
+    fusion text default 'rrf',
+    alpha float8 default 0.5
 ) returns jsonb
 language plpgsql
 set hnsw.iterative_scan = 'relaxed_order'
@@ -281,6 +295,14 @@ begin
         perform agentdb.raise_error(3007, 'InvalidParamValue',
             'threshold must be between 0 and 2 (a cosine distance; 0 = no limit)', 'threshold');
     end if;
+    if fusion is null or fusion not in ('rrf', 'convex') then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            format('fusion must be rrf or convex, not %L', fusion), 'fusion');
+    end if;
+    -- (also refuses NaN, which compares greater than every number)
+    if alpha is null or not (alpha >= 0 and alpha <= 1) then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'alpha must be between 0 and 1', 'alpha');
+    end if;
     if ef_search is null or ef_search < 1 or ef_search > 1000 then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'ef_search must be between 1 and 1000', 'ef_search');
     end if;
@@ -325,7 +347,8 @@ begin
     diag := jsonb_build_object(
         'source', src.name, 'top_k', top_k,
         'threshold', case when threshold = 0 then to_jsonb('inf'::text) else to_jsonb(threshold) end,
-        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''))
+        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''), 'fusion', fusion)
+        || case when fusion = 'convex' then jsonb_build_object('alpha', alpha) else '{}'::jsonb end
         || case when filter_query is null then '{}'::jsonb else jsonb_build_object('filter_query', filter_query) end
         || case when exclusion_query is null then '{}'::jsonb else jsonb_build_object('exclusion_query', exclusion_query) end;
 
@@ -401,16 +424,23 @@ begin
             ' $5, $6, $14, $17, $18) m', filter_join);
     end if;
 
-    score_sql := case mode when 'dense' then '1 - f.distance' when 'lexical' then 'f.bm25' else 'f.rrf' end;
+    score_sql := case when mode = 'dense' then '1 - f.distance' when mode = 'lexical' then 'f.bm25'
+                      when fusion = 'convex' then 'f.convex' else 'f.rrf' end;
 
     stmt := format($q$
         with dense as materialized (%s),
         sparse as materialized (%s),
-        d as (select cid, distance, row_number() over (order by distance, cid) as rank_dense
+        d as (select cid, distance, row_number() over (order by distance, cid) as rank_dense,
+                     min(distance) over () as lo, max(distance) over () as hi
               from dense where $4 = 0 or distance <= $4),
-        s as (select cid, bm25, row_number() over (order by bm25 desc, cid) as rank_sparse from sparse),
+        s as (select cid, bm25, row_number() over (order by bm25 desc, cid) as rank_sparse,
+                     min(bm25) over () as lo, max(bm25) over () as hi
+              from sparse),
         f as (select coalesce(d.cid, s.cid) as cid, d.distance, s.bm25, d.rank_dense, s.rank_sparse,
-                     (coalesce(1.0 / ($8 + d.rank_dense), 0) + coalesce(1.0 / ($8 + s.rank_sparse), 0))::float8 as rrf
+                     (coalesce(1.0 / ($8 + d.rank_dense), 0) + coalesce(1.0 / ($8 + s.rank_sparse), 0))::float8 as rrf,
+                     ($20 * case when s.cid is null then 0 when s.hi > s.lo then (s.bm25 - s.lo) / (s.hi - s.lo) else 1 end
+                      + (1 - $20) * case when d.cid is null then 0 when d.hi > d.lo then (d.hi - d.distance) / (d.hi - d.lo)
+                                         else 1 end)::float8 as convex
               from d full join s on d.cid = s.cid),
         r as (select f.*, (%s)::float8 as score, %s as doc_id, %s as chunk,
                      row_number() over (partition by %s order by (%s) desc, %s) as doc_rank
@@ -443,7 +473,7 @@ begin
     execute stmt into result using
         query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
         coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
-        fq_params, ex_params, seed_budget;
+        fq_params, ex_params, seed_budget, alpha;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int
@@ -476,6 +506,7 @@ end;
 $$;
 
 -- One row per hit, for analysts: select * from agentdb.search('docs', 'wal archiving', mode => 'lexical').
+-- Hybrid fusion as in agentdb.retrieve: fusion => 'convex', alpha => 0.5 for the convex combination.
 create or replace function agentdb.search(
     source text,
     query text,
@@ -484,7 +515,9 @@ create or replace function agentdb.search(
     top_k int default 10,
     rrf_k int default 60,
     threshold float8 default 0.5,
-    filter jsonb default null
+    filter jsonb default null,
+    fusion text default 'rrf',
+    alpha float8 default 0.5
 ) returns table (
     id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
     rank_dense int, rank_sparse int, text text, metadata jsonb
@@ -501,7 +534,7 @@ begin
     from jsonb_to_recordset(
         agentdb.retrieve(source, query, query_embedding,
                          coalesce(mode, case when query_embedding is null then 'lexical' else 'hybrid' end),
-                         top_k, rrf_k, threshold, filter) -> 'hits'
+                         top_k, rrf_k, threshold, filter, fusion => fusion, alpha => alpha) -> 'hits'
     ) as h(id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
            rank_dense int, rank_sparse int, text text, metadata jsonb)
     order by h.rank;

@@ -81,6 +81,8 @@ def run_query(
                     mode=mode,
                     top_k=k,
                     rrf_k=spec.rrf_k,
+                    fusion=spec.fusion,
+                    alpha=spec.alpha,
                     threshold=spec.threshold,
                     filter=spec.filter,
                     filter_query=spec.filter_query,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 from urllib.parse import urlsplit
+from weakref import WeakKeyDictionary
 
 import psycopg
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool, PoolTimeout
+from starlette.concurrency import run_in_threadpool
 
 from agentdb.auth import Principal, any_principals, authenticate
 from agentdb.config import Settings
@@ -30,12 +32,19 @@ def is_loopback(host: str) -> bool:
 FIRST_WAIT_S = 0.5
 
 
-@contextmanager
-def _checkout(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+# A request's first statement may find its pooled connection broken (the pool probes a connection at most once a
+# second, agentdb.db.pool): it is then retried on another connection, this many times in all.
+FIRST_STATEMENT_ATTEMPTS = 3
+# The statement timeout each pooled connection has been given (a session setting: set on a connection's first
+# request, not on every one).
+_timeouts: WeakKeyDictionary[psycopg.Connection[Any], int] = WeakKeyDictionary()
+
+
+def _getconn(pool: ConnectionPool) -> psycopg.Connection[Any]:
     """A pooled connection. When none comes within FIRST_WAIT_S, a direct connection attempt tells an outage
     (503 at once, instead of after the pool's whole timeout) from a busy pool (wait the rest)."""
     try:
-        conn = pool.getconn(timeout=FIRST_WAIT_S)
+        return pool.getconn(timeout=FIRST_WAIT_S)
     except PoolTimeout:
         try:
             psycopg.connect(str(pool.conninfo), connect_timeout=2).close()
@@ -43,22 +52,45 @@ def _checkout(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
             raise DatabaseUnavailable(
                 f"the database is unavailable: {str(exc).strip().splitlines()[0]}"
             ) from exc
-        conn = pool.getconn(timeout=max(pool.timeout - FIRST_WAIT_S, 0.1))
-    try:
-        yield conn
-    finally:
-        pool.putconn(conn)
+        return pool.getconn(timeout=max(pool.timeout - FIRST_WAIT_S, 0.1))
 
 
-def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
-    """A connection from the pool for one request; 503 (with Retry-After) when none is free or the
-    database is down. Errors of the request itself (bad input, a statement timeout) pass through."""
+@contextmanager
+def _checkout(pool: ConnectionPool, timeout_ms: int) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
+    """A pooled connection with the statement timeout, and whether any principal exists. That question is the
+    request's first statement, so it also finds a connection broken since the pool last probed it (a server
+    restart): such a one is discarded and the question asked on another."""
+    for attempt in range(FIRST_STATEMENT_ATTEMPTS):
+        conn = _getconn(pool)
+        try:
+            if _timeouts.get(conn) != timeout_ms:
+                conn.execute("select set_config('statement_timeout', %s, false)", (str(timeout_ms),))
+                _timeouts[conn] = timeout_ms
+            has_principals = any_principals(conn)
+        except psycopg.OperationalError:
+            pool.putconn(conn)  # a broken connection is discarded by the pool
+            if not conn.broken or attempt == FIRST_STATEMENT_ATTEMPTS - 1:
+                raise
+            continue
+        except BaseException:
+            pool.putconn(conn)
+            raise
+        try:
+            yield conn, has_principals
+        finally:
+            pool.putconn(conn)
+        return
+
+
+@contextmanager
+def request_connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
+    """A connection from the pool for one request, with the statement timeout; 503 (with Retry-After) when none
+    is free or the database is down. Errors of the request itself (bad input, a statement timeout) pass
+    through. Whether principals exist is read on it and kept for `request_principal`."""
     settings = request.app.state.settings
     try:
-        with _checkout(request.app.state.pool) as conn:
-            conn.execute(
-                "select set_config('statement_timeout', %s, false)", (str(settings.statement_timeout_ms),)
-            )
+        with _checkout(request.app.state.pool, settings.statement_timeout_ms) as (conn, has_principals):
+            request.state.any_principals = has_principals
             yield conn
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection is free; retry shortly") from exc
@@ -66,6 +98,12 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
         if not is_outage(exc):
             raise
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
+
+
+def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
+    """`request_connection` as a dependency."""
+    with request_connection(request) as conn:
+        yield conn
 
 
 # Declares the bearer scheme in the OpenAPI document; the header itself is read by `authenticate`, which
@@ -78,13 +116,44 @@ def principal(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
 ) -> Principal | None:
+    """`request_principal` as a dependency."""
+    return request_principal(request, conn)
+
+
+async def request_scope(
+    request: Request,
+    _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
+) -> AsyncIterator[tuple[psycopg.Connection[Any], Principal | None]]:
+    """`connection` and `principal` in one: a pooled connection and the authenticated caller, for a route that
+    does its blocking work in one call to the thread pool. Checkout and authentication take one hop to the
+    pool's threads (as two sync dependencies they take three), and run before the body is validated, as
+    with those dependencies; the connection goes back on the event loop (a put needs no I/O). Declare it with
+    `scope="function"` so that it is back before a streamed response starts."""
+    stack = ExitStack()
+
+    def enter() -> tuple[psycopg.Connection[Any], Principal | None]:
+        with ExitStack() as attempt:
+            conn = attempt.enter_context(request_connection(request))
+            caller = request_principal(request, conn)
+            stack.push(attempt.pop_all())
+            return conn, caller
+
+    scoped = await run_in_threadpool(enter)
+    with stack:  # errors of the route pass through request_connection, as with `connection`
+        yield scoped
+
+
+def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Principal | None:
     """The authenticated principal, or None in local development (no principals defined, loopback bind).
 
     Whether principals exist is decided on every request, so a server that loses its last principal does
     not open up: bound to a non-loopback address it then refuses every request. A keyless server also
     answers only requests addressed to it by a loopback name (or a configured one: DNS rebinding) and not
     sent by another site's page (a browser's Origin header; cross-site request forgery)."""
-    if any_principals(conn) or request.headers.get("authorization"):
+    has_principals = getattr(request.state, "any_principals", None)
+    if has_principals is None:
+        has_principals = any_principals(conn)
+    if has_principals or request.headers.get("authorization"):
         return authenticate(conn, request.headers.get("authorization"))  # no principal: any key is wrong
     settings: Settings = request.app.state.settings
     if not open_access_allowed(settings):

@@ -10,9 +10,10 @@ import psycopg
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from psycopg_pool import ConnectionPool
+from starlette.concurrency import run_in_threadpool
 
 from agentdb import agent
-from agentdb.api.deps import connection, principal
+from agentdb.api.deps import request_scope
 from agentdb.auth import Principal
 from agentdb.config import Settings
 from agentdb.errors import AgentDBError
@@ -59,14 +60,22 @@ def _stream(
         200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream is true"}
     },
 )
-def retrieval(
+async def retrieval(
     request: agent.RetrievalRequest,
     http: Request,
-    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-    caller: Principal | None = Depends(principal),  # noqa: B008
+    scoped: tuple[psycopg.Connection[Any], Principal | None] = Depends(request_scope, scope="function"),  # noqa: B008
 ) -> Any:
     """Run the queries (pipeline mode; optional deepening, neighbour expansion and generation), merge their
     hits by RRF, and answer as JSON or as an event stream."""
+    conn, caller = scoped
+    # Validation and the run in one call to the thread pool (as a sync route with sync dependencies the
+    # request took five hops between the event loop and the pool's threads; now two).
+    return await run_in_threadpool(_answer, conn, request, caller, http)
+
+
+def _answer(
+    conn: psycopg.Connection[Any], request: agent.RetrievalRequest, caller: Principal | None, http: Request
+) -> Any:
     settings = http.app.state.settings
     plan = agent.validate(conn, request, caller, settings)  # input, permission and model errors: a plain 4xx
     if not request.stream:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import orjson
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
 
@@ -14,6 +17,12 @@ from agentdb.errors import DatabaseSetupError
 
 MIN_PGVECTOR = (0, 7, 0)
 MIN_POSTGRES = 150000
+# A connection handed out again within this many seconds of its last probe is not probed again: the probe is a
+# round trip, which on a busy server costs as much as the rest of a short request. One that broke meanwhile
+# (a server restart in that second) fails its first statement instead; the HTTP API retries that request's
+# first statement on another connection (agentdb.api.deps), the background embedder on its next round.
+RECHECK_AFTER_S = 1.0
+_probed: WeakKeyDictionary[psycopg.Connection[Any], float] = WeakKeyDictionary()
 
 
 def _dumps(obj: Any) -> str:
@@ -32,19 +41,34 @@ def configure(conn: psycopg.Connection[Any]) -> None:
     conn.commit()
 
 
+def check_unless_fresh(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check: probe the connection (a round trip) unless it was probed less than RECHECK_AFTER_S
+    ago and is idle as far as the client knows (a closed or failed one is always probed)."""
+    now = time.monotonic()
+    last = _probed.get(conn)
+    if (
+        last is not None
+        and now - last < RECHECK_AFTER_S
+        and conn.info.transaction_status == TransactionStatus.IDLE
+    ):
+        return
+    ConnectionPool.check_connection(conn)
+    _probed[conn] = now
+
+
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 10.0) -> ConnectionPool:
     """Open a pool of autocommit connections on `url` (agentdb's `conn.transaction()` blocks are then real
     transactions); each connection is configured once when it is created. Connections are checked when
-    they are handed out, so one left broken by a server restart is replaced instead of failing a request,
-    and reconnection attempts give up after 10 s (then start afresh, without a long backoff), so the pool
-    refills soon after the server is back."""
+    they are handed out (at most once a second each: `check_unless_fresh`), so one left broken by a server
+    restart is replaced instead of failing a request, and reconnection attempts give up after 10 s (then
+    start afresh, without a long backoff), so the pool refills soon after the server is back."""
     pool = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
         configure=configure,
-        check=ConnectionPool.check_connection,
+        check=check_unless_fresh,
         reconnect_timeout=10.0,
         open=False,
         kwargs={"autocommit": True},

@@ -18,6 +18,9 @@ from agentdb.filters import to_json
 from agentdb.sources import get_source
 
 Mode = Literal["dense", "lexical", "hybrid"]
+# How hybrid mode fuses its two legs (sql/040_retrieve.sql): Reciprocal Rank Fusion of the ranks, or a convex
+# combination (alpha x BM25 + (1 - alpha) x cosine similarity) of the scores min-max normalised per leg.
+Fusion = Literal["rrf", "convex"]
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,11 @@ def retrieve(
     fields: list[str] | None = None,
     filter_query: dict[str, Any] | None = None,
     exclusion_query: dict[str, Any] | None = None,
+    fusion: Fusion = "rrf",
+    alpha: float = 0.5,
 ) -> Result:
-    """Search `source`; dense and hybrid modes embed `query` with the source's model unless a vector is given."""
+    """Search `source`; dense and hybrid modes embed `query` with the source's model unless a vector is given.
+    Hybrid mode fuses its legs by `fusion`: "rrf" (with `rrf_k`) or "convex" (with `alpha`, the BM25 weight)."""
     if mode not in ("dense", "lexical", "hybrid"):
         raise InvalidParamValue(
             f"retrieval_mode must be dense, lexical or hybrid, not {mode!r}", path="retrieval_mode"
@@ -131,7 +137,8 @@ def retrieve(
         " mode => %(mode)s, top_k => %(top_k)s, rrf_k => %(rrf_k)s, threshold => %(threshold)s,"
         " filter => %(filter)s, model => %(model)s, group_by_doc => %(group_by_doc)s, ef_search => %(ef_search)s,"
         " candidates => %(candidates)s, row_filter => %(row_filter)s, fields => %(fields)s,"
-        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
+        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s, fusion => %(fusion)s,"
+        " alpha => %(alpha)s)",
         {
             "source": source,
             "query": query,
@@ -149,6 +156,8 @@ def retrieve(
             "fields": fields,
             "filter_query": _jsonb(filter_query, "filter_query"),
             "exclusion_query": _jsonb(exclusion_query, "exclusion_query"),
+            "fusion": fusion,
+            "alpha": alpha,
         },
     )
     payload = rows[0][0]
@@ -156,4 +165,4 @@ def retrieve(
     return Result(route=payload["route"], hits=hits, diagnostics=payload["diagnostics"])
 
 
-__all__ = ["ROW_FIELDS", "AgentDBError", "Hit", "Mode", "Result", "retrieve"]
+__all__ = ["ROW_FIELDS", "AgentDBError", "Fusion", "Hit", "Mode", "Result", "retrieve"]
