@@ -192,6 +192,8 @@ def _navigation(
                 limit=spec.limit,
                 embedder=embedder,
                 dense_text=dense_text if mode != "lexical" else "",
+                fusion=spec.fusion,
+                alpha=spec.alpha,
                 model=plan.navigator,
                 max_iterations=request.max_internal_iterations,
                 report=report,

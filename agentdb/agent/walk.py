@@ -15,7 +15,7 @@ import numpy as np
 from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
-from agentdb.retrieval import Hit, Mode, retrieve
+from agentdb.retrieval import Fusion, Hit, Mode, retrieve
 from navigation import (
     Budget,
     Decision,
@@ -103,8 +103,17 @@ class QuerySearcher:
     """`navigation.Searcher`: the request's query object run again with the model's text, under the same
     filters, row filter and projection; one hit per document."""
 
-    def __init__(self, scope: Scope, mode: Mode, limit: int, embedder: Embedder) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        mode: Mode,
+        limit: int,
+        embedder: Embedder,
+        fusion: Fusion = "rrf",
+        alpha: float = 0.5,
+    ) -> None:
         self.scope, self.mode, self.limit, self.embedder = scope, mode, limit, embedder
+        self.fusion, self.alpha = fusion, alpha
 
     def search(self, query: str) -> list[Node]:
         s = self.scope
@@ -114,6 +123,8 @@ class QuerySearcher:
             query,
             mode=self.mode,
             top_k=self.limit,
+            fusion=self.fusion,
+            alpha=self.alpha,
             group_by_doc=True,
             embedder=self.embedder,
             fields=s.fields,
@@ -166,6 +177,8 @@ def walk(
     limit: int,
     embedder: Embedder,
     dense_text: str,
+    fusion: Fusion = "rrf",
+    alpha: float = 0.5,
     model: Model | None,
     max_iterations: int,
     report: Callable[[dict[str, Any]], None],
@@ -254,7 +267,7 @@ def walk(
             runner,
             query=query,
             start_key=start_key,
-            search=QuerySearcher(scope, mode, limit, embedder),
+            search=QuerySearcher(scope, mode, limit, embedder, fusion, alpha),
             instruction=options.instruction,
             instruction_field=options.instruction_field,
             lookups=lookups,
