@@ -58,9 +58,59 @@ query = st.fixed_dictionaries(
         "threshold": value,
     },
 )
+navigation = st.fixed_dictionaries(
+    {},
+    optional={
+        "query_index": value,
+        "strategy": st.one_of(st.sampled_from(["tree", "graph"]), value),
+        "selection": st.one_of(st.sampled_from(["ranked", "agentic"]), value),
+        "index": st.one_of(st.just("links"), hostile_text),
+        "start_key": st.one_of(st.just("a"), value),
+        "start_nodes": st.one_of(st.just("$roots"), value),
+        "max_depth": value,
+        "beam_width": value,
+        "edge_types": value,
+        "scoring": value,
+    },
+)
 retrieval = st.fixed_dictionaries(
     {"query": st.one_of(hostile_text, value), "queries": st.lists(query, min_size=1, max_size=3)},
-    optional={"diagnostics": value, "steps": st.dictionaries(hostile_text, value, max_size=2)},
+    optional={
+        "diagnostics": value,
+        "max_internal_iterations": value,
+        "steps": st.one_of(
+            st.dictionaries(hostile_text, value, max_size=2),
+            st.fixed_dictionaries({"retrieval": st.fixed_dictionaries({"navigation": navigation})}),
+        ),
+        "memory": st.fixed_dictionaries(
+            {"stores": st.one_of(st.lists(st.one_of(st.just("m1"), hostile_text), max_size=2), value)},
+            optional={"top_k": value, "max_tokens": value, "vars": value},
+        ),
+    },
+)
+index = st.fixed_dictionaries(
+    {"name": st.one_of(st.just("fz"), hostile_text), "kind": st.one_of(st.just("graph"), value)},
+    optional={"field": st.one_of(st.just("tags"), hostile_text), "edge_type": value},
+)
+edges = st.lists(
+    st.fixed_dictionaries(
+        {"from": st.one_of(st.just("a"), value), "to": st.one_of(st.just("b"), value)},
+        optional={"type": value, "weight": value, "metadata": value},
+    ),
+    max_size=3,
+)
+memory_records = st.lists(
+    st.fixed_dictionaries(
+        {"text": st.one_of(hostile_text, value)},
+        optional={"id": value, "importance": value, "metadata": value, "entities": value},
+    ),
+    max_size=3,
+)
+relations = st.lists(
+    st.fixed_dictionaries(
+        {"subject": value, "predicate": value, "object": value}, optional={"single_valued": value}
+    ),
+    max_size=2,
 )
 saved_agent = st.fixed_dictionaries(
     {"name": st.one_of(st.just("fz"), hostile_text), "source": st.one_of(st.just("docs"), hostile_text)},
@@ -90,6 +140,22 @@ requests = st.one_of(
     st.tuples(st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/agents/{p}"), st.none()),
     st.tuples(
         st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/sources/docs/documents/{p}"), st.none()
+    ),
+    st.tuples(st.just("POST"), st.just("/sources/docs/indexes"), index),
+    st.tuples(st.just("POST"), st.just("/sources/docs/indexes/explicit/edges"), edges),
+    st.tuples(
+        st.sampled_from(["GET", "DELETE"]),
+        path_part.map(lambda p: f"/sources/docs/indexes/{p}"),
+        st.none(),
+    ),
+    st.tuples(
+        st.just("GET"), path_part.map(lambda p: f"/sources/docs/indexes/links/neighbors?key={p}"), st.none()
+    ),
+    st.tuples(st.just("POST"), path_part.map(lambda p: f"/memory/{p or 'm1'}/records"), memory_records),
+    st.tuples(st.just("POST"), st.just("/memory/m1/relations"), relations),
+    st.tuples(st.just("GET"), path_part.map(lambda p: f"/memory/m1?query={p}"), st.none()),
+    st.tuples(
+        st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/memory/m1/records/{p}"), st.none()
     ),
 )
 
@@ -129,6 +195,15 @@ def test_no_generated_hostile_request_is_a_500(db_url: str, embedder: Any) -> No
             client.post(
                 "/agents", json={"name": "a1", "source": "docs", "retrieval_mode": "lexical"}
             ).status_code
+            == 201
+        )
+        for index in (
+            {"name": "links", "kind": "graph", "field": "tags"},
+            {"name": "explicit", "kind": "graph"},
+        ):
+            assert client.post("/sources/docs/indexes", json=index).status_code == 201
+        assert (
+            client.post("/memory/m1/records", json=[{"text": "Alice is allergic to peanuts."}]).status_code
             == 201
         )
 
