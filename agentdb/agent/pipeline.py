@@ -166,7 +166,7 @@ def _navigation(
     options = plan.navigation
     assert options is not None
     spec = request.queries[options.query_index]
-    mode, lexical_text, dense_text = legs(spec, request.query)
+    mode, lexical_text, _ = legs(spec, request.query)
     scope = Scope(
         conn,
         spec.table,
@@ -191,7 +191,7 @@ def _navigation(
                 mode=mode,
                 limit=spec.limit,
                 embedder=embedder,
-                dense_text=dense_text if mode != "lexical" else "",
+                embedding=outcome.embedding,
                 fusion=spec.fusion,
                 alpha=spec.alpha,
                 model=plan.navigator,

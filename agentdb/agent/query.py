@@ -24,13 +24,14 @@ from agentdb.sources import get_source
 @dataclass
 class QueryOutcome:
     """What one query produced: its mode, the first retrieval's result (for the funnel), the final hits,
-    the deepening round steps, and the tool calls its models made."""
+    the deepening round steps, the tool calls its models made, and its query vector."""
 
     mode: Mode
     result: Result
     hits: list[Hit]
     steps: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: int = 0
+    embedding: Any = None  # the dense leg's query vector (None in lexical mode), for navigation to reuse
 
 
 def legs(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
@@ -95,7 +96,7 @@ def run_query(
         return results[k]
 
     result = retrieve_k(spec.limit)
-    outcome = QueryOutcome(mode=mode, result=result, hits=list(result.hits))
+    outcome = QueryOutcome(mode=mode, result=result, hits=list(result.hits), embedding=embedding)
     if plan.deepening is not None and plan.judge is not None:
         finished: list[tuple[RoundSummary, float]] = []
         last = time.perf_counter()

@@ -176,7 +176,7 @@ def walk(
     mode: Mode,
     limit: int,
     embedder: Embedder,
-    dense_text: str,
+    embedding: Any,
     fusion: Fusion = "rrf",
     alpha: float = 0.5,
     model: Model | None,
@@ -212,11 +212,11 @@ def walk(
         # The query's best BM25 score in this scope scales the lexical leg to [0, 1].
         best = retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
         scale = (best[0].bm25_score or 1.0) if best else 1.0
-        embedding = np.asarray(embedder.embed([dense_text])[0]) if dense_text.strip() else None
+        vector = None if embedding is None else np.asarray(embedding)
         scorer = (
             KeywordScorer(query, nodes)
             if options.scoring == "keywords"
-            else SqlScorer(scope, query, embedding, scale)
+            else SqlScorer(scope, query, vector, scale)
         )
         prior = {k: SEED_PRIOR / (1 + i) for i, k in enumerate(seed_keys)}
         own = scorer.score(start)
