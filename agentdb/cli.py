@@ -260,9 +260,10 @@ def cmd_sources(args: argparse.Namespace) -> None:
             fields = ", ".join(f"{f.name}:{f.type}" for f in s.fields)
             pending = pending_embeddings(conn, s) if s.kind == "table" else 0
             waiting = f"; {pending} rows wait for their embedding" if pending else ""
+            backends = ", ".join(s.embedding_backends) or "backend not known"
             print(
                 f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
-                f"{s.embedding_model} ({s.embedding_dim}); {fields or 'no fields'}{waiting}"
+                f"{s.embedding_model} ({s.embedding_dim}, {backends}); {fields or 'no fields'}{waiting}"
             )
 
 

@@ -37,6 +37,7 @@ from agentdb.sources import (
     create_document_source,
     drop_source,
     get_source,
+    record_embedding_backends,
 )
 
 PACK_FORMAT: Literal["agentdb-pack"] = "agentdb-pack"
@@ -78,6 +79,8 @@ class PackEmbedding(BaseModel):
     dim: int = Field(gt=0)
     dtype: Dtype
     input: str = EMBEDDING_INPUT
+    # The embedding backends that computed the vectors (agentdb.embed); empty in packs that do not say.
+    backends: list[str] = Field(default_factory=list)
 
 
 class PackManifest(BaseModel):
@@ -167,7 +170,12 @@ def export_pack(
             bm25_k1=source.bm25_k1,
             bm25_b=source.bm25_b,
         ),
-        embedding=PackEmbedding(model=source.embedding_model, dim=source.embedding_dim, dtype=dtype),
+        embedding=PackEmbedding(
+            model=source.embedding_model,
+            dim=source.embedding_dim,
+            dtype=dtype,
+            backends=source.embedding_backends,
+        ),
         documents=documents,
         chunks=chunks,
     )
@@ -436,6 +444,8 @@ def import_pack(
                     path="pack.chunks",
                 )
             assert written == chunks
+            if manifest.embedding.backends:
+                record_embedding_backends(conn, source, manifest.embedding.backends)
     finally:
         bar.close()
     analyze_source(conn, source)

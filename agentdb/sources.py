@@ -105,6 +105,8 @@ class Source(BaseModel):
     bm25_b: float
     chunk_size: int
     chunk_overlap: int
+    # The embedding backends that computed its stored vectors (agentdb.embed); empty when not known.
+    embedding_backends: list[str] = Field(default_factory=list)
 
     def field(self, name: str) -> FieldSpec | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -128,7 +130,8 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
-    " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap"
+    " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
+    " embedding_backends"
     " from agentdb.sources"
 )
 
@@ -145,8 +148,12 @@ def get_source(conn: psycopg.Connection[Any], name: str) -> Source:
 
 
 def list_sources(conn: psycopg.Connection[Any]) -> list[Source]:
+    """The sources, by name; not the records tables of memory stores (schema agentdb_memory), which are
+    listed, each by its owner only, as memory stores (agentdb.memory.list_stores)."""
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        rows = cur.execute(_SELECT + " order by name").fetchall()  # noqa: S608 - constant text
+        rows = cur.execute(  # noqa: S608 - constant text
+            _SELECT + " where table_schema <> 'agentdb_memory' order by name"
+        ).fetchall()
     return [_row_to_source(r) for r in rows]
 
 
@@ -480,6 +487,17 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
                 ).format(source.table)
             )
         conn.execute("delete from agentdb.sources where id = %s", (source.id,))
+
+
+def record_embedding_backends(conn: psycopg.Connection[Any], source: Source, backends: list[str]) -> None:
+    """Note that `backends` computed some of `source`'s stored vectors (run as the application: principals
+    do not write the catalog)."""
+    conn.execute(
+        "update agentdb.sources set embedding_backends ="
+        " array(select distinct b from unnest(embedding_backends || %s::text[]) b order by b)"
+        " where id = %s and not embedding_backends @> %s::text[]",
+        (backends, source.id, backends),
+    )
 
 
 def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, int]:

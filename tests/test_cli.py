@@ -109,6 +109,9 @@ def test_migrate_ingest_sources_search_check(db_url: str, corpus: Path) -> None:
     listed = orjson.loads(run(["sources", "--json"], db_url).stdout)
     assert [(s["name"], s["documents"], s["chunks"]) for s in listed] == [("notes", 3, 3)]
     assert {f["name"]: f["type"] for f in listed[0]["fields"]} == {"year": "int", "tags": "string_set"}
+    # The backend that embedded the source is recorded and shown (ONNX int8 by default, PyTorch as fallback).
+    [backend] = listed[0]["embedding_backends"]
+    assert backend in {"onnx-int8", "torch"} and f"(384, {backend})" in run(["sources"], db_url).stdout
     found = orjson.loads(
         run(["search", "notes", "archiving WAL segments", "--json", "--top-k", "2"], db_url).stdout
     )

@@ -47,8 +47,12 @@ filters = st.recursive(
     max_leaves=8,
 )
 query = st.fixed_dictionaries(
-    {"table": st.one_of(st.just("docs"), hostile_text)},
+    {},
     optional={
+        "table": st.one_of(st.just("docs"), hostile_text),
+        "store": st.one_of(st.just("m1"), st.just("m_{var.u}"), hostile_text, value),
+        "schema": st.one_of(st.just("prefs"), hostile_text, value),
+        "vars": st.one_of(st.fixed_dictionaries({"u": value}), value),
         "full_text_search": value,
         "semantic_search": value,
         "filter": st.one_of(filters, value),
@@ -113,8 +117,17 @@ relations = st.lists(
     max_size=2,
 )
 saved_agent = st.fixed_dictionaries(
-    {"name": st.one_of(st.just("fz"), hostile_text), "source": st.one_of(st.just("docs"), hostile_text)},
-    optional={"filter": st.one_of(filters, value), "top_k": value, "input": value, "retrieval_mode": value},
+    {"name": st.one_of(st.just("fz"), hostile_text)},
+    optional={
+        "source": st.one_of(st.just("docs"), hostile_text),
+        "source_kind": st.one_of(st.sampled_from(["file", "name"]), value),
+        "storage": st.one_of(st.just("m1"), st.just("m_{var.u}"), hostile_text, value),
+        "schema": st.one_of(st.just("prefs"), hostile_text, value),
+        "filter": st.one_of(filters, value),
+        "top_k": value,
+        "input": value,
+        "retrieval_mode": value,
+    },
 )
 documents = st.lists(
     st.fixed_dictionaries(
@@ -135,7 +148,13 @@ requests = st.one_of(
         st.just("/agents/a1"),
         st.dictionaries(st.sampled_from(["filter", "top_k", "rrf_k"]), st.one_of(filters, value), max_size=2),
     ),
-    st.tuples(st.just("POST"), st.just("/agents/a1/run"), st.fixed_dictionaries({"input": value})),
+    st.tuples(
+        st.just("POST"),
+        st.just("/agents/a1/run"),
+        st.fixed_dictionaries(
+            {"input": value}, optional={"vars": st.one_of(st.fixed_dictionaries({"u": value}), value)}
+        ),
+    ),
     st.tuples(st.just("POST"), st.just("/sources/docs/documents"), documents),
     st.tuples(st.sampled_from(["GET", "DELETE"]), path_part.map(lambda p: f"/agents/{p}"), st.none()),
     st.tuples(

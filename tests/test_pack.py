@@ -113,6 +113,8 @@ def test_float32_round_trip_is_exact(
     report = import_pack(conn, pack, embedding_model=MODEL, source_name="copy", progress=False)
     assert (report.documents, report.chunks) == (manifest.documents, manifest.chunks)
     assert _schema(conn, "copy") == _schema(conn, docs)
+    # The pack says which backend embedded the vectors, and the imported source keeps it.
+    assert manifest.embedding.backends == get_source(conn, "copy").embedding_backends == [embedder.backend]
     assert _rows(conn, "copy") == original
     for mode in ("lexical", "dense", "hybrid"):
         assert _hits(conn, "copy", embedder, mode) == _hits(conn, docs, embedder, mode), mode

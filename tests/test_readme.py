@@ -191,6 +191,11 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
             # recall@5, the first figure of each row (measured 0.758 and 0.642 on the labelled set)
             assert float(ranked.split()[1]) >= 0.70, table
             assert float(ranked.split()[1]) > float(vector.split()[1]), table
+        elif language == "sh" and cmds[0].startswith("curl") and '"store"' in text:
+            # The memory store the block before wrote, searched by name like a source.
+            body = json.loads(sh(text, demo))
+            assert body["status"] == "completed" and 0 < len(body["hits"]) <= 3, body
+            assert any("penicillin" in h["_source"]["text"].lower() for h in body["hits"]), body
         elif language == "sh" and cmds[0].startswith("curl"):
             body = json.loads(sh(text, demo))  # one command whose JSON body spans lines
             assert body["route"] == "found" and len(body["hits"]) == 5, body

@@ -29,11 +29,18 @@ class FullTextSearch(BaseModel):
 
 
 class QuerySpec(BaseModel):
-    """One query of a retrieval request: which table, which legs, which filters, how many hits."""
+    """One query of a retrieval request: which table, which legs, which filters, how many hits.
+
+    The table is a source (`table`) or one of the caller's memory stores (`store`, a name template over
+    `vars`, seed 000's source kind "name"), whose record schema name must be `schema` (agentdb.agent.validate
+    resolves it to the source of the store's records)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    table: str
+    table: str = ""
+    store: str | None = Field(None, max_length=200)
+    schema_name: str | None = Field(None, alias="schema", max_length=63)
+    vars: dict[str, str | int] | None = None
     semantic_search: str | None = Field(None, max_length=MAX_QUERY_CHARS)
     full_text_search: str | FullTextSearch | None = None
     retrieval_mode: Mode | None = None

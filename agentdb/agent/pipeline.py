@@ -165,7 +165,7 @@ def _navigation(
     when streaming), under the caller's scope."""
     options = plan.navigation
     assert options is not None
-    spec = request.queries[options.query_index]
+    spec = plan.queries[options.query_index]
     mode, lexical_text, _ = legs(spec, request.query)
     scope = Scope(
         conn,
@@ -173,7 +173,7 @@ def _navigation(
         filter=spec.filter,
         filter_query=spec.filter_query,
         exclusion_query=spec.exclusion_query,
-        row_filter=principal.row_filter if principal else None,
+        row_filter=plan.row_filters[options.query_index],
         fields=fields,
     )
     embedder = embedder_for(get_source(conn, spec.table).embedding_model)
@@ -228,7 +228,7 @@ def run(
     diagnostics: list[dict[str, Any]] = []
     tool_calls = 0
     status = "completed"
-    for i, (spec, fields) in enumerate(zip(request.queries, plan.projections, strict=True)):
+    for i, (spec, fields) in enumerate(zip(plan.queries, plan.projections, strict=True)):
         step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
         yield "step_started", {**step, "status": "running", "details": {"table": spec.table}}
         started = time.perf_counter()

@@ -68,7 +68,7 @@ def run_query(
     embedding = None
     if mode != "lexical" and dense_text.strip():
         embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
-    row_filter = principal.row_filter if principal else None
+    row_filter = plan.row_filters[index]
     results: dict[int, Result] = {}
 
     def retrieve_k(k: int) -> Result:

@@ -8,18 +8,18 @@ from typing import Any
 
 import psycopg
 
-from agentdb.agent.models import FullTextSearch, RetrievalOptions, RetrievalRequest
+from agentdb.agent.models import FullTextSearch, QuerySpec, RetrievalOptions, RetrievalRequest
 from agentdb.agent.navigate import NavigationOptions
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
 from agentdb.config import Settings
 from agentdb.deepening import DeepeningOptions
-from agentdb.errors import AgentDBError, InvalidParamValue
+from agentdb.errors import AgentDBError, InvalidParamValue, parse_params
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
 from agentdb.indexes import check_index
 from agentdb.llm import Usage, UsageMeter, resolve_model
-from agentdb.memory import get_store
-from agentdb.sources import get_source
+from agentdb.memory import StoreSpec, check_spec, get_store
+from agentdb.sources import Source, get_source
 
 
 @dataclass
@@ -27,6 +27,10 @@ class Plan:
     """What a validated request will do beyond retrieval, with its models resolved (no network yet)."""
 
     projections: list[list[str] | None]
+    # The request's queries as they run: a memory store's query reads the source of its records (`table`).
+    queries: list[QuerySpec] = field(default_factory=list)
+    # Per query, the row filter its reads apply: the principal's, or none on the caller's own memory store.
+    row_filters: list[dict[str, Any] | None] = field(default_factory=list)
     expand_window: int = 1
     deepening: DeepeningOptions | None = None
     judge: UsageMeter | None = None
@@ -105,23 +109,23 @@ def validate(
                 path=f"queries[{i}].full_text_search.field",
             )
         fields = spec.fields
-        if principal is not None:
-            check_tool(principal, "search")
-            check_table(principal, spec.table, path=f"queries[{i}].table")
-            fields = check_fields(principal, spec.fields, path=f"queries[{i}].fields")
-        try:
-            source = get_source(conn, spec.table)
-        except AgentDBError as exc:
-            exc.path = f"queries[{i}].table"
-            raise
+        own_store = spec.store is not None
+        if own_store:
+            source = _memory_store(conn, spec, principal, f"queries[{i}]")
+        else:
+            source = _source(conn, spec, principal, f"queries[{i}]")
+            if principal is not None:
+                fields = check_fields(principal, spec.fields, path=f"queries[{i}].fields")
         for name in ("filter", "filter_query", "exclusion_query"):
             where = f"queries[{i}].{name}"
-            if principal is not None:
+            if principal is not None and not own_store:
                 check_filter(conn, principal, source, getattr(spec, name), path=where)
-            elif request.stream:
+            elif request.stream or own_store:
                 # Once a stream has started its errors are events; the plain answer gets the same error
                 # from retrieval itself (with the same path), so only a stream compiles the filter twice.
                 validate_filter(conn, source, getattr(spec, name), where)
+        plan.queries.append(spec.model_copy(update={"table": source.name}) if own_store else spec)
+        plan.row_filters.append(principal.row_filter if principal is not None and not own_store else None)
         navigation = plan.navigation
         if navigation is not None and navigation.query_index == i:
             where = "steps.retrieval.navigation"
@@ -153,6 +157,59 @@ def validate(
                 exc.path = f"memory.stores[{i}]"
                 raise
     return plan
+
+
+def _source(
+    conn: psycopg.Connection[Any], spec: QuerySpec, principal: Principal | None, where: str
+) -> Source:
+    """The source a query names in `table`, after the `search` tool and the table grant (403 at `table`,
+    whether or not it exists)."""
+    if not spec.table:
+        raise InvalidParamValue(
+            "give the source to search in `table` (or one of your memory stores in `store`)",
+            path=f"{where}.table",
+        )
+    for name, value in (("schema", spec.schema_name), ("vars", spec.vars)):
+        if value is not None:
+            raise InvalidParamValue(
+                f"`{name}` goes with `store` (a memory store), not `table`", path=f"{where}.{name}"
+            )
+    if principal is not None:
+        check_tool(principal, "search")
+        check_table(principal, spec.table, path=f"{where}.table")
+    try:
+        return get_source(conn, spec.table)
+    except AgentDBError as exc:
+        exc.path = f"{where}.table"
+        raise
+
+
+def _memory_store(
+    conn: psycopg.Connection[Any], spec: QuerySpec, principal: Principal | None, where: str
+) -> Source:
+    """The source of the records of the caller's memory store that a query names in `store` (a name template
+    over its `vars`), after the `memory` tool; its record schema must be the query's `schema` (3011 at
+    `schema`). The plan's copy of the query names that source in `table`: the pipeline reads it as any
+    source, under the caller's role, which owns the store (no table grant or row filter: they are about sources)."""
+    assert spec.store is not None
+    if spec.table:
+        raise InvalidParamValue(
+            "give either `table` (a source) or `store` (a memory store), not both", path=f"{where}.store"
+        )
+    if spec.schema_name is None:
+        raise InvalidParamValue(
+            "a query over a memory store needs its record schema name", path=f"{where}.schema"
+        )
+    if principal is not None:
+        check_tool(principal, "memory", path=f"{where}.store")
+    expected = parse_params(StoreSpec, {"schema": spec.schema_name}, where)
+    try:
+        store = get_store(conn, spec.store, principal=principal, variables=spec.vars)
+        check_spec(store, expected)  # 3011 at `schema`
+    except AgentDBError as exc:
+        exc.path = f"{where}.{exc.path or 'store'}"
+        raise
+    return store.source
 
 
 __all__ = ["Plan", "validate"]

@@ -19,6 +19,8 @@ router = APIRouter(tags=["agents"])
 class RunRequest(BaseModel):
     input: str = Field("", max_length=MAX_QUERY_CHARS)
     diagnostics: bool = False
+    # The run's variables, for an agent whose memory store name uses them (`user_{var.user_id}`).
+    vars: dict[str, str | int] | None = None
 
 
 @router.post("/agents", response_model=saved_agents.SavedAgent, status_code=201)
@@ -27,7 +29,8 @@ def create(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> saved_agents.SavedAgent:
-    """Create an agent owned by the caller (needs the `search` tool and a grant on its source)."""
+    """Create an agent owned by the caller (needs the `search` tool and a grant on its source, or the
+    `memory` tool for an agent on one of its memory stores: `source_kind` "name")."""
     return saved_agents.create_agent(conn, caller, spec)
 
 
@@ -47,7 +50,7 @@ def read(
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> saved_agents.SavedAgent:
     agent = saved_agents.get_agent(conn, caller, name)
-    saved_agents.authorize(conn, caller, agent.source, agent.filter)
+    saved_agents.authorize(conn, caller, agent)
     return agent
 
 
@@ -81,5 +84,11 @@ def run(
     """Run the agent as the POST /agents/retrieval request its parameters make (its own `input` when set,
     else the run's input), under the running caller's grants; the answer has that endpoint's shape."""
     return saved_agents.run_agent(
-        conn, caller, name, body.input, http.app.state.settings, diagnostics=body.diagnostics
+        conn,
+        caller,
+        name,
+        body.input,
+        http.app.state.settings,
+        diagnostics=body.diagnostics,
+        variables=body.vars,
     )

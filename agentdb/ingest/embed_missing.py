@@ -10,7 +10,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from agentdb.embed import Embedder, check_model
-from agentdb.sources import Source
+from agentdb.sources import Source, record_embedding_backends
 
 
 def embed_missing(
@@ -53,4 +53,6 @@ def embed_missing(
                 cur.executemany(update, [(v, r[0]) for r, v in zip(rows, vectors, strict=True)])
             filled += len(rows)
             bar.update(len(rows))
+    if filled:
+        record_embedding_backends(conn, source, [embedder.backend])
     return filled

@@ -36,6 +36,7 @@ from agentdb.sources import (
     coerce_value,
     create_document_source,
     get_source,
+    record_embedding_backends,
 )
 
 ANALYZE_AFTER_CHUNKS = 1000
@@ -335,6 +336,8 @@ def write_documents(
             bar.update(len(batch))
     finally:
         bar.close()
+    if report.embed_seconds and embedder is not None:
+        record_embedding_backends(conn, source, [embedder.backend])
     return report
 
 

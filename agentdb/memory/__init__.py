@@ -30,7 +30,7 @@ from agentdb.memory.models import (
     Weights,
     WriteReport,
 )
-from agentdb.memory.names import resolve_store_name
+from agentdb.memory.names import STORE_NAME, resolve_store_name, template_variables
 from agentdb.memory.recall import (
     SEARCH_MEMORY_TOOL,
     assemble,
@@ -59,6 +59,8 @@ from agentdb.memory.write import (
 )
 
 __all__ = [
+    "STORE_NAME",
+    "template_variables",
     "SEARCH_MEMORY_TOOL",
     "AssembledMemory",
     "EntityIn",

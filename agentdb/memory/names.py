@@ -48,4 +48,9 @@ def resolve_store_name(
     return name
 
 
-__all__ = ["STORE_NAME", "resolve_store_name"]
+def template_variables(template: str) -> set[str]:
+    """The variable names a store name template uses (`user_{var.user_id}`: {"user_id"})."""
+    return {a or b for a, b in _PLACEHOLDER.findall(template)}
+
+
+__all__ = ["STORE_NAME", "resolve_store_name", "template_variables"]
