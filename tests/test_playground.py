@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -152,9 +154,9 @@ class Page:
         field.clear()
         field.send_keys(text)
 
-    def search(self, text: str, mode: str = "hybrid", **fields: str) -> None:
+    def search(self, text: str, mode: str = "hybrid", source: str = "runbooks", **fields: str) -> None:
         """Ask `text` in `mode` with other fields of the form set (by element id), and wait for the answer."""
-        self.wait(lambda: "runbooks" in self.sources(), "the source list")
+        self.wait(lambda: source in self.sources(), "the source list")
         self.fill("#query", text)
         self.find(f'input[name="mode"][value="{mode}"]').click()
         for name, value in fields.items():
@@ -441,3 +443,37 @@ def test_a_key_is_required_when_principals_exist(
         )
         assert key not in stored and key not in page.driver.current_url
         page.shot("key-given")
+
+
+@pytest.mark.corpus
+def test_the_manual_walk_from_backup_and_restore_down_to_the_answer(
+    browser: WebDriver, db_url: str, embedder: Any, screens: Path
+) -> None:
+    """What the README promises a new user: search the PostgreSQL manual (the demo corpus, loaded as `make
+    run` loads it), open "Backup and Restore", walk the tree from it with a point-in-time question, and see
+    the walk reach the recovery section."""
+    env = {**os.environ, "DATABASE_URL": db_url}
+    loaded = subprocess.run(
+        [sys.executable, "-m", "agentdb.cli", "demo", "--no-serve"], env=env, capture_output=True, text=True
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    with serve(Settings(database_url=db_url, port=free_port())) as url:
+        page = Page(browser, url, screens)
+        page.search("backup and restore", "lexical", source="pgdocs")
+        row = page.find('#hits tbody tr[data-id="backup.html"]')
+        row.click()
+        page.wait(lambda: page.find("#doc-walk").is_displayed(), "the walk button")
+        assert page.find("#doc-title").text == "Backup and Restore"
+        page.find("#doc-walk").click()
+        assert page.find("#nav-start").get_attribute("value") == "backup.html"
+        assert Select(page.find("#nav-index")).first_selected_option.get_attribute("value") == "sections"
+        page.search(
+            "someone dropped a table at 14:05; bring the cluster back to 14:04", "hybrid", source="pgdocs"
+        )
+        answer = "continuous-archiving.html#BACKUP-PITR-RECOVERY"
+        page.wait(lambda: page.all(f'#walk li.visited[data-key="{answer}"]'), "the walk to reach the answer")
+        assert page.find('#walk li.visited[data-key="backup.html"] .order').text == "1"
+        assert answer in [h["id"] for h in page.hits()[:3]]
+        page.wait(lambda: "Recovering Using a Continuous Archive Backup" in page.find("#walk").text, "titles")
+        page.shot("manual-walk-hits")
+        page.shot("manual-walk-tree", top="#walk-info")

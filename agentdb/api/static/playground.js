@@ -140,8 +140,15 @@ async function loadIndexes(name) {
   const { ok, data } = await api("GET", `/sources/${encodeURIComponent(name)}/indexes`);
   if (!ok || $("source").value !== name) return;
   for (const index of data) {
-    $("nav-index").append(el("option", { value: index.name, textContent: `${index.name} (${index.kind}, ${index.edges} edges)` }));
+    $("nav-index").append(el("option", { value: index.name, textContent: `${index.name} (${index.kind}, ${index.edges} edges)`, dataset: { kind: index.kind } }));
   }
+  const tree = treeIndex();
+  if (tree) $("nav-index").value = tree.value;
+}
+
+// The first tree index of the source (the option), or undefined.
+function treeIndex() {
+  return [...$("nav-index").options].find((o) => o.dataset.kind === "tree");
 }
 
 // --- the request ---------------------------------------------------------------------------------------
@@ -495,6 +502,9 @@ async function openDocument(table, id, chunk) {
     if (c.chunk === chunk) current = block;
     chunks.append(block);
   }
+  // A tree index over this source: offer to start the next walk at this document.
+  $("doc-walk").hidden = !treeIndex() || table !== $("source").value;
+  $("doc-walk").dataset.key = data.id;
   const dialog = $("doc");
   if (!dialog.open) dialog.showModal();
   if (current) current.scrollIntoView({ block: "nearest" });
@@ -761,6 +771,16 @@ function start() {
   });
   $("source").addEventListener("change", renderSourceInfo);
   $("doc-close").addEventListener("click", () => $("doc").close());
+  $("doc-walk").addEventListener("click", () => {
+    $("nav").open = true;
+    $("nav-on").checked = true;
+    $("nav-strategy").value = "tree";
+    $("nav-selection").value = "ranked";
+    $("nav-start").value = $("doc-walk").dataset.key;
+    if ($("nav-index").selectedOptions[0].dataset.kind !== "tree") $("nav-index").value = treeIndex().value;
+    $("doc").close();
+    $("query").focus();
+  });
   $("search-form").addEventListener("submit", search);
   $("agents-refresh").addEventListener("click", loadAgents);
   $("agent-edit").addEventListener("submit", saveAgent);
