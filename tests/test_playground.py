@@ -22,6 +22,7 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
+from fake_anthropic import API_KEY, FakeAnthropicAPI, reply_text, reply_tool
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -107,9 +108,13 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def site(db_url: str, embedder: Any) -> Iterator[str]:
-    """A server over the runbooks (tree index `sections`, graph index `xref`), with no principals."""
-    with serve(Settings(database_url=db_url, port=free_port())) as url:
+def site(db_url: str, embedder: Any, fake: tuple[FakeAnthropicAPI, str]) -> Iterator[str]:
+    """A server over the runbooks (tree index `sections`, graph index `xref`), with no principals; its model
+    is the fake Messages API (tests/fake_anthropic.py), for agentic walks."""
+    settings = Settings(
+        database_url=db_url, port=free_port(), anthropic_api_key=API_KEY, anthropic_base_url=fake[1]
+    )
+    with serve(settings) as url:
         with httpx.Client(base_url=url) as http:
             assert http.post("/sources/runbooks/documents", json=CORPUS).status_code == 200
             for index in (
@@ -352,6 +357,55 @@ def test_a_ranked_tree_walk_draws_its_nodes_in_order(page: Page) -> None:
     assert page.find("#walk li.visited[data-key=manual] .order").text == "1"
     assert [h["id"] for h in page.hits()] == [h["_id"] for h in answer["hits"]]
     page.shot("navigation-walk", top="#walk-info")
+
+
+def test_an_agentic_graph_walk_draws_its_path(page: Page, fake: tuple[FakeAnthropicAPI, str]) -> None:
+    fake[0].replies.extend(
+        [
+            reply_tool("navigate", {"next_key": "recovery-target"}),
+            reply_tool("navigate", {"next_key": "pitr"}),  # back along the cycle: visited, refused
+            reply_text("done"),
+        ]
+    )
+    page.find("#nav summary").click()
+    page.find("#nav-on").click()
+    Select(page.find("#nav-strategy")).select_by_value("graph")
+    Select(page.find("#nav-selection")).select_by_value("agentic")
+    Select(page.find("#nav-index")).select_by_value("xref")
+    page.fill("#nav-start", "pitr")
+    page.search("restore to a point in time", "lexical")
+    assert not page.find("#error").is_displayed(), page.find("#error").text
+    steps = page.all("#walk ol.walk-path li.visited")
+    assert [s.get_attribute("data-key") for s in steps] == ["pitr", "recovery-target"]
+    assert steps[1].text.startswith("pitr -xref-> 2 recovery-target"), steps[1].text
+    assert page.find("#walk-info").text.startswith("graph walk, agentic, index xref: 2 nodes read")
+    assert [h["id"] for h in page.hits()] == ["pitr", "recovery-target"]
+    page.shot("graph-walk-path", top="#walk-info")
+
+
+def test_memory_recall_from_a_store(page: Page) -> None:
+    records = [
+        {"id": "tea", "text": "Alex prefers green tea in the afternoon.", "importance": 4},
+        {"id": "allergy", "text": "Alex is allergic to penicillin.", "importance": 9},
+    ]
+    assert httpx.post(f"{page.url}/memory/alex/records", json=records).status_code in (200, 201)
+    page.driver.refresh()
+    page.wait(
+        lambda: [o.text for o in Select(page.find("#memory-store")).options] == ["alex (2 records)"],
+        "the store",
+    )
+    page.fill("#query", "which antibiotics must Alex avoid?")
+    page.find("#memory-recall").click()
+    page.wait(lambda: page.all("#memory-list li"), "the recalled memories")
+    recalled = httpx.get(
+        f"{page.url}/memory/alex",
+        params={"query": "which antibiotics must Alex avoid?", "top_k": 5, "touch": "false"},
+    ).json()
+    shown = page.all("#memory-list li")
+    assert [li.get_attribute("data-id") for li in shown] == [c["id"] for c in recalled["candidates"]]
+    assert shown[0].get_attribute("data-id") == "allergy"
+    assert shown[0].text.startswith("Alex is allergic to penicillin.\nscore ")
+    page.shot("memory-recall", top="#memory")
 
 
 def test_a_script_document_stays_inert(page: Page) -> None:

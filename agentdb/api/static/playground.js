@@ -759,6 +759,44 @@ async function createAgent(event) {
   await loadAgents();
 }
 
+// --- memory --------------------------------------------------------------------------------------------
+
+async function loadStores() {
+  const { ok, data } = await api("GET", "/memory");
+  const select = $("memory-store");
+  select.replaceChildren();
+  $("memory-list").replaceChildren();
+  if (!ok) {
+    $("memory-info").textContent = errorText(data.error);
+    return;
+  }
+  for (const store of data) {
+    select.append(el("option", { value: store.name, textContent: `${store.name} (${store.records} records)` }));
+  }
+  $("memory-info").textContent = data.length ? "" : "No memory stores.";
+  $("memory-recall").disabled = !data.length;
+}
+
+// Recall from the chosen store with the query box's text: each memory with its score, why it was a
+// candidate and the term that decided its place.
+async function recallMemory(event) {
+  event.preventDefault();
+  const store = $("memory-store").value;
+  const params = new URLSearchParams({ query: $("query").value.trim(), top_k: "5", touch: "false" });
+  const { ok, data } = await api("GET", `/memory/${encodeURIComponent(store)}?${params}`);
+  const list = $("memory-list");
+  list.replaceChildren();
+  if (!ok) {
+    $("memory-info").textContent = errorText(data.error);
+    return;
+  }
+  $("memory-info").textContent = `${data.candidate_count} candidates, ranked by ${data.ranked_by.join(", ") || "nothing that varied"}`;
+  for (const memory of data.candidates) {
+    const why = `score ${memory.score.toFixed(3)}, via ${memory.via.join(", ")}${memory.decided_by ? `, decided by ${memory.decided_by}` : ""}, importance ${memory.importance}`;
+    list.append(el("li", { className: memory.current ? "" : "unvisited", dataset: { id: memory.id } }, el("span", { textContent: memory.text }), el("div", { className: "muted", textContent: why })));
+  }
+}
+
 // --- wiring --------------------------------------------------------------------------------------------
 
 function start() {
@@ -768,8 +806,14 @@ function start() {
     $("key-state").textContent = state.key ? "Key set (kept in this page's memory only)." : "No key.";
     loadSources();
     loadAgents();
+    loadStores();
   });
   $("source").addEventListener("change", renderSourceInfo);
+  $("nav-strategy").addEventListener("change", () => {
+    const graph = $("nav-strategy").value === "graph"; // depth and beam bound tree walks only
+    $("nav-depth").disabled = graph;
+    $("nav-beam").disabled = graph;
+  });
   $("doc-close").addEventListener("click", () => $("doc").close());
   $("doc-walk").addEventListener("click", () => {
     $("nav").open = true;
@@ -787,8 +831,11 @@ function start() {
   $("agent-cancel").addEventListener("click", () => { $("agent-edit").hidden = true; });
   $("agent-new").addEventListener("submit", createAgent);
   $("filter").addEventListener("input", () => { show($("filter-error"), ""); $("filter-view").hidden = true; });
+  $("memory-refresh").addEventListener("click", loadStores);
+  $("memory-form").addEventListener("submit", recallMemory);
   loadSources();
   loadAgents();
+  loadStores();
 }
 
 document.addEventListener("DOMContentLoaded", start);
