@@ -273,7 +273,14 @@ async function stream(request) {
   let buffer = "";
   let rank = 0;
   for (;;) {
-    const { value, done } = await reader.read();
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch (exc) {
+      showError({ code: 0, name: "NetworkError", message: `the stream broke off: ${exc}`, path: null });
+      return;
+    }
+    const { value, done } = chunk;
     if (done) break;
     buffer += decoder.decode(value, { stream: true });
     let end;
