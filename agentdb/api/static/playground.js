@@ -460,8 +460,9 @@ function fixed(value, digits) {
 }
 
 function leg(rank, score, digits, label) {
-  if (rank === null || rank === undefined) return el("td", { className: "leg none", textContent: "-" });
-  return el("td", { className: "leg", title: label }, el("b", { textContent: `#${rank}` }), ` ${fixed(score, digits)}`);
+  const name = label.startsWith("rank and BM25") ? "lexical" : "dense";
+  if (rank === null || rank === undefined) return el("td", { className: "leg none", textContent: "-", dataset: { label: name } });
+  return el("td", { className: "leg", title: label, dataset: { label: name } }, el("b", { textContent: `#${rank}` }), ` ${fixed(score, digits)}`);
 }
 
 function addHit(hit, rank) {
@@ -473,14 +474,14 @@ function addHit(hit, rank) {
   const row = el(
     "tr",
     { dataset: { id: hit._id } },
-    el("td", { textContent: String(rank) }),
-    el("td", { className: "id" }, open),
-    el("td", { className: "title", textContent: source.title === undefined || source.title === null ? "" : String(source.title) }),
-    el("td", { className: "num", textContent: fixed(hit._score, 4) }),
+    el("td", { className: "rank", textContent: String(rank), dataset: { label: "#" } }),
+    el("td", { className: "id", dataset: { label: "id" } }, open),
+    el("td", { className: "title", textContent: source.title === undefined || source.title === null ? "" : String(source.title), dataset: { label: "title" } }),
+    el("td", { className: "num", textContent: fixed(hit._score, 4), dataset: { label: "score" } }),
     leg(scores.rank_dense, scores.distance, 3, "rank and cosine distance"),
     leg(scores.rank_sparse, scores.bm25, 2, "rank and BM25 score"),
-    el("td", {}, snippet(source.text === undefined || source.text === null ? "" : String(source.text), queryTerms(state.query))),
-    el("td", { className: "num", textContent: `${hit._chunk}${chunks}${tree ? `; ${tree}` : ""}` }),
+    el("td", { dataset: { label: "snippet" } }, snippet(source.text === undefined || source.text === null ? "" : String(source.text), queryTerms(state.query))),
+    el("td", { className: "num", textContent: `${hit._chunk}${chunks}${tree ? `; ${tree}` : ""}`, dataset: { label: "chunk" } }),
   );
   row.addEventListener("click", () => openDocument(hit._table, hit._id, hit._chunk));
   $("hits").tBodies[0].append(row);
