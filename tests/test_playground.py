@@ -185,14 +185,7 @@ def page(browser: WebDriver, site: str, screens: Path) -> Page:
 
 def api_request(text: str, mode: str, **spec: Any) -> dict[str, Any]:
     """The JSON request the page sends for `text` in `mode` with its default form values."""
-    query: dict[str, Any] = {
-        "table": "runbooks",
-        "limit": 10,
-        "threshold": 0.5,
-        "rrf_k": 60,
-        "fusion": "rrf",
-        "alpha": 0.5,
-    }
+    query: dict[str, Any] = {"table": "runbooks", "limit": 10, "threshold": 0.5, "rrf_k": 60, "fusion": "rrf"}
     if mode != "lexical":
         query["semantic_search"] = text
     if mode != "dense":
@@ -248,6 +241,22 @@ def test_search_in_each_mode_shows_both_legs_and_the_funnel(page: Page) -> None:
             assert ("lexical raw" in funnel) == (mode == "lexical") and ("dense raw" in funnel) == (
                 mode == "dense"
             )
+
+
+def test_convex_fusion_with_alpha(page: Page) -> None:
+    text = "restore a base backup and replay WAL"
+    assert not page.find("#alpha").is_enabled()  # alpha weighs convex fusion only
+    Select(page.find("#fusion")).select_by_value("convex")
+    page.search(text, "hybrid", alpha="0.3")
+    answer = httpx.post(
+        f"{page.url}/agents/retrieval", json=api_request(text, "hybrid", fusion="convex", alpha=0.3)
+    ).json()
+    shown = page.hits()
+    assert [(h["id"], h["score"]) for h in shown] == [
+        (h["_id"], f"{h['_score']:.4f}") for h in answer["hits"]
+    ]
+    assert "fusion convex" in page.find("#funnel").text
+    page.shot("search-convex")
 
 
 def test_a_bad_filter_shows_the_server_error_at_its_path(page: Page) -> None:

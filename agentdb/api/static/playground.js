@@ -182,8 +182,8 @@ function buildRequest() {
     threshold: number("threshold"),
     rrf_k: number("rrf-k"),
     fusion: $("fusion").value,
-    alpha: number("alpha"),
   };
+  if (spec.fusion === "convex") spec.alpha = number("alpha");
   const m = mode();
   if (m !== "lexical") spec.semantic_search = text;
   if (m !== "dense") spec.full_text_search = text;
@@ -817,6 +817,9 @@ function start() {
     loadStores();
   });
   $("source").addEventListener("change", renderSourceInfo);
+  $("fusion").addEventListener("change", () => {
+    $("alpha").disabled = $("fusion").value !== "convex"; // alpha weighs convex fusion only
+  });
   $("nav-strategy").addEventListener("change", () => {
     const graph = $("nav-strategy").value === "graph"; // depth and beam bound tree walks only
     $("nav-depth").disabled = graph;
