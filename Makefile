@@ -36,6 +36,7 @@ lint: dev
 
 bench: dev
 	$(BIN)/python bench/scifact.py
+	$(BIN)/python bench/plots.py
 
 # Rebuild the demo's knowledge pack (embeds the ~9,000 chunks of examples/pgdocs/pgdocs.jsonl.gz once, so that
 # `make run` and `make test` load vectors instead of computing them).

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentdb import __version__
-from agentdb.api import agents, documents, indexes, memory, retrieval
+from agentdb.api import agents, documents, indexes, memory, playground, retrieval
 from agentdb.api.deps import connection, guard_open_access, principal
 from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
@@ -220,6 +220,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.include_router(documents.router)
     app.include_router(indexes.router)
     app.include_router(memory.router)
+    app.include_router(playground.router)
+    app.mount("/playground/static", playground.assets, name="playground")
     return app
 
 
