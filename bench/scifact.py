@@ -91,22 +91,29 @@ def ingest_scifact(conn: Any, dataset: Path) -> dict[str, Any]:
     return {**info, "reused": False}
 
 
-def query_embeddings(qids: list[str], texts: list[str]) -> np.ndarray:
-    """All query vectors, embedded once in advance (and cached) so no latency below includes embedding."""
+def query_embeddings(qids: list[str], texts: list[str], corpus_backends: list[str]) -> tuple[np.ndarray, str]:
+    """All query vectors, embedded once in advance (and cached, per backend) so no latency below includes
+    embedding; with the backend that embedded the corpus when the source says which (agentdb sources)."""
     from agentdb.config import DEFAULT_MODEL
-
-    path, meta_path = CACHE / "scifact_query_embeddings.npy", CACHE / "scifact_query_embeddings.json"
-    meta = {"model": DEFAULT_MODEL, "query_ids": qids}
-    if path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == meta:
-        return np.load(path)
     from agentdb.embed import load_embedder
 
+    wanted = None
+    if len(corpus_backends) == 1:
+        wanted = "torch" if corpus_backends[0] == "torch" else "onnx"
+    embedder = load_embedder(DEFAULT_MODEL, backend=wanted)
+    stem = f"scifact_query_embeddings_{embedder.backend}"
+    path, meta_path = CACHE / f"{stem}.npy", CACHE / f"{stem}.json"
+    meta = {"model": DEFAULT_MODEL, "backend": embedder.backend, "query_ids": qids}
+    if path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == meta:
+        return np.load(path), embedder.backend
     started = time.perf_counter()
-    vectors = load_embedder(DEFAULT_MODEL).embed(texts)
-    print(f"embedded {len(texts)} queries in {time.perf_counter() - started:.1f}s (cached in {path})")
+    vectors = embedder.embed(texts)
+    print(
+        f"embedded {len(texts)} queries ({embedder.backend}) in {time.perf_counter() - started:.1f}s (cached in {path})"
+    )
     np.save(path, vectors)
     meta_path.write_text(json.dumps(meta))
-    return vectors
+    return vectors, embedder.backend
 
 
 def top_docs(scores: np.ndarray, doc_ids: list[str], k: int) -> Hits:
@@ -227,7 +234,9 @@ def main() -> int:
     qids = [q for q in queries if q in qrels]
     texts = [queries[q] for q in qids]
     judged = {q: qrels[q] for q in qids}
-    qvecs = query_embeddings(qids, texts)
+    qvecs, query_backend = query_embeddings(qids, texts, source.embedding_backends)
+    corpus_backend = ", ".join(source.embedding_backends) or "not known (ingested before agentdb recorded it)"
+    print(f"embedding backends: corpus {corpus_backend}; queries {query_backend}")
     n = len(qids)
 
     # --- the corpus as the peers see it -------------------------------------------------------------
@@ -502,6 +511,7 @@ def main() -> int:
                 "bm25_k1": source.bm25_k1,
                 "bm25_b": source.bm25_b,
                 "embedding_model": source.embedding_model,
+                "embedding_backends": {"corpus": source.embedding_backends, "queries": query_backend},
             },
             "ingest": ingest_info,
             "results": [_rounded(r) for r in results],
