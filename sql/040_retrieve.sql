@@ -375,7 +375,10 @@ begin
     seed_budget := coalesce(setting::bigint, greatest(20000, coalesce(stats.n_chunks, 0) / 100));
     cand := case when mode = 'hybrid' or group_by_doc then least(coalesce(candidates, greatest(100, 4 * top_k)), 4000)
                  else top_k end;
-    perform set_config('hnsw.ef_search', greatest(ef_search, least(cand, 1000))::text, true);
+    -- The iterative scan (relaxed order, re-sorted exactly below) goes on past ef_search until `cand` rows are
+    -- found, so ef_search need not grow with the candidates: at 400 candidates ef 100 finds the same rows as
+    -- ef 400 (SciFact: recall@400 against exact 0.986 either way) about 2 ms sooner.
+    perform set_config('hnsw.ef_search', ef_search::text, true);
     -- Deep pages: asked for a few hundred candidates of a few thousand chunks, the planner prefers an exact
     -- scan of every vector (detoasting each, about 3 us a vector) to the HNSW index (SciFact top 100 with
     -- 400 candidates: 33 ms against 12 ms, the same nDCG@10 and Recall@100). Without a filter or row

@@ -77,16 +77,22 @@ def navigation(**fields: Any) -> dict[str, Any]:
     return {"steps": {"retrieval": {"navigation": {"query_index": 0, "index": "sections", **fields}}}}
 
 
+def load_runbooks(http: Any, docs: list[dict[str, Any]] = DOCS) -> None:
+    """Write the runbooks through the API (a TestClient or an httpx client) with their tree index `sections`
+    and graph index `xref`."""
+    assert http.post("/sources/runbooks/documents", json=docs).status_code == 200
+    for index in (
+        {"name": "sections", "kind": "tree", "field": "parent"},
+        {"name": "xref", "kind": "graph", "field": "links", "edge_type": "xref"},
+    ):
+        assert http.post("/sources/runbooks/indexes", json=index).status_code == 201
+
+
 @pytest.fixture
 def client(db_url: str, embedder: Any, fake: tuple[FakeAnthropicAPI, str]) -> Iterator[TestClient]:
     settings = Settings(database_url=db_url, anthropic_api_key=API_KEY, anthropic_base_url=fake[1])
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as test_client:
-        assert test_client.post("/sources/runbooks/documents", json=DOCS).status_code == 200
-        for index in (
-            {"name": "sections", "kind": "tree", "field": "parent"},
-            {"name": "xref", "kind": "graph", "field": "links", "edge_type": "xref"},
-        ):
-            assert test_client.post("/sources/runbooks/indexes", json=index).status_code == 201
+        load_runbooks(test_client)
         yield test_client
 
 

@@ -30,7 +30,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
-from test_navigation import DOCS, doc
+from test_navigation import DOCS, doc, load_runbooks
 
 from agentdb.api import create_app
 from agentdb.auth import create_principal
@@ -116,12 +116,7 @@ def site(db_url: str, embedder: Any, fake: tuple[FakeAnthropicAPI, str]) -> Iter
     )
     with serve(settings) as url:
         with httpx.Client(base_url=url) as http:
-            assert http.post("/sources/runbooks/documents", json=CORPUS).status_code == 200
-            for index in (
-                {"name": "sections", "kind": "tree", "field": "parent"},
-                {"name": "xref", "kind": "graph", "field": "links", "edge_type": "xref"},
-            ):
-                assert http.post("/sources/runbooks/indexes", json=index).status_code == 201
+            load_runbooks(http, CORPUS)
         yield url
 
 

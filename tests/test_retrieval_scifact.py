@@ -189,6 +189,25 @@ def test_hnsw_recall_against_exact_search(scifact: Any, judged: Any) -> None:
     assert recall >= 0.98
 
 
+def test_deep_pages_keep_hnsw_recall(scifact: Any, judged: Any) -> None:
+    """Top 400 from the index (the iterative scan past ef_search, the index forced over an exact scan) against
+    exact search: deep result pages lose nothing that matters."""
+    rows = scifact.execute("select doc_id, chunk, agentdb_embedding from agentdb_docs.scifact").fetchall()
+    keys = [(d, c) for d, c, _ in rows]
+    matrix = np.stack([v.to_numpy() for _, _, v in rows]).astype(np.float32)
+    found = total = 0
+    for vector in list(judged[2].values())[:30]:
+        exact = {keys[i] for i in np.argsort(-(matrix @ vector))[:400]}
+        hits = retrieve(
+            scifact, SOURCE, "q", mode="dense", top_k=400, threshold=0, query_embedding=vector
+        ).hits
+        assert len(hits) == 400
+        found += len(exact & {(h.id, h.chunk) for h in hits})
+        total += 400
+    print(f"HNSW recall@400 vs exact: {found / total:.4f}")
+    assert found / total >= 0.97
+
+
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
 def test_selective_filter_still_returns_top_k(scifact: Any, judged: Any, mode: str) -> None:
     """About 5% of rows pass; every leg must still fill top_k (iterative scan, filter before the limit)."""
