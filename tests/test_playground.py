@@ -149,6 +149,15 @@ class Page:
     def sources(self) -> list[str]:
         return [o.get_attribute("value") or "" for o in Select(self.find("#source")).options]
 
+    def choose_index(self, name: str) -> None:
+        """Pick index `name` for navigation once the source's indexes have arrived (they load after it)."""
+
+        def offered() -> bool:
+            return name in [o.get_attribute("value") for o in Select(self.find("#nav-index")).options]
+
+        self.wait(offered, f"index {name!r} in the navigation panel")
+        Select(self.find("#nav-index")).select_by_value(name)
+
     def fill(self, css: str, text: str) -> None:
         field = self.find(css)
         field.clear()
@@ -304,7 +313,7 @@ def test_a_hit_opens_its_whole_document(page: Page) -> None:
 def test_a_ranked_tree_walk_draws_its_nodes_in_order(page: Page) -> None:
     page.find("#nav summary").click()
     page.find("#nav-on").click()
-    Select(page.find("#nav-index")).select_by_value("sections")
+    page.choose_index("sections")
     page.fill("#nav-start", "manual")
     page.fill("#nav-beam", "2")
     text = "stop WAL replay at a recovery target time"
@@ -375,7 +384,7 @@ def test_an_agentic_graph_walk_draws_its_path(page: Page, fake: tuple[FakeAnthro
     page.find("#nav-on").click()
     Select(page.find("#nav-strategy")).select_by_value("graph")
     Select(page.find("#nav-selection")).select_by_value("agentic")
-    Select(page.find("#nav-index")).select_by_value("xref")
+    page.choose_index("xref")
     page.fill("#nav-start", "pitr")
     page.search("restore to a point in time", "lexical")
     assert not page.find("#error").is_displayed(), page.find("#error").text
