@@ -10,8 +10,8 @@
 --     parents;
 --   * a document's own score: 0.8 x its best chunk's cosine similarity + 0.2 x min(its best chunk's BM25 /
 --     the query's best BM25 in scope, 1); its relevance: its own score + 0.2 x the own score of its page (the
---     key before '#', the document itself for a key without one) + 0.1 / (1 + r) for a seed hit of rank r
---     (from 0) (navigation.ContextScorer);
+--     key before '#', the document itself for a key without one) + 0.1 / (1 + r) for a document of rank r
+--     (from 0) in the seed search run 2 x `top_k` deep, the seed hits first (navigation.ContextScorer);
 --   * best-first: the frontier's highest path score next (ties: the smallest key in code-point order); a
 --     root's path score is its relevance, a child's its relevance + 0.5 x its parent's path score; an
 --     expansion of a node above `max_depth` offers the `beam_width` best unvisited children (ties: stored
@@ -88,11 +88,13 @@ create or replace function agentdb.tree_walk(
 language plpgsql volatile as $$
 declare
     seed_prior constant float8 := 0.1;
+    prior_depth constant int := 2;
     decay constant float8 := 0.5;
     link_width constant int := 2;
     answer_head constant int := 3;
     link_bonus constant float8 := 0.2;
     seeds text[] := '{}';
+    ranked text[];
     starts text[];
     scale float8;
     prior jsonb := '{}';       -- key -> seed prior
@@ -144,8 +146,16 @@ begin
         scale := 1.0;
     end if;
     scale := greatest(scale, 1e-9);
-    for i in 1 .. cardinality(seeds) loop
-        prior := prior || jsonb_build_object(seeds[i], seed_prior / (1 + (i - 1)));
+    -- The prior: the seed search run prior_depth times deeper, the seed hits first.
+    select coalesce(array_agg(h->>'id' order by n), '{}') into ranked
+    from jsonb_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode,
+                                                top_k => prior_depth * top_k, rrf_k => rrf_k, threshold => threshold,
+                                                filter => tree_walk.filter, group_by_doc => true,
+                                                row_filter => row_filter, filter_query => filter_query,
+                                                exclusion_query => exclusion_query))->'hits') with ordinality x(h, n);
+    ranked := array(select s from unnest(seeds || ranked) with ordinality u(s, n) group by s order by min(n));
+    for i in 1 .. cardinality(ranked) loop
+        prior := prior || jsonb_build_object(ranked[i], seed_prior / (1 + (i - 1)));
     end loop;
 
     if start_key is not null then

@@ -37,11 +37,13 @@ from navigation import (
     tool_definitions,
 )
 
-# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/README.md): the bonus a seed hit of rank r
-# (from 0) keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1]; the weight of a section's page in its
+# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/README.md): the bonus a document of rank r
+# (from 0) in the seed search keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1], over the search run
+# PRIOR_DEPTH times the query's limit deep (the seed hits first); the weight of a section's page in its
 # relevance (navigation.ContextScorer); with a links index, the link targets an expansion offers; the answer's
 # head kept in relevance order, and the share of a head node's relevance its link targets after it gain.
 SEED_PRIOR = 0.1
+PRIOR_DEPTH = 2
 PAGE_WEIGHT = 0.2
 LINK_WIDTH = 2
 ANSWER_HEAD = 3
@@ -188,6 +190,8 @@ def walk(
     embedding: Any,
     fusion: Fusion = "rrf",
     alpha: float = 0.5,
+    rrf_k: int = 60,
+    threshold: float = 0.5,
     model: Model | None,
     max_iterations: int,
     report: Callable[[dict[str, Any]], None],
@@ -227,8 +231,24 @@ def walk(
             if options.scoring == "keywords"
             else SqlScorer(scope, query, vector, scale)
         )
+        # The seed search run PRIOR_DEPTH times deeper: its ranking beyond the seed hits is evidence too.
+        deeper = retrieve(
+            scope.conn,
+            scope.source,
+            query,
+            mode=mode,
+            top_k=PRIOR_DEPTH * limit,
+            rrf_k=rrf_k,
+            threshold=threshold,
+            fusion=fusion,
+            alpha=alpha,
+            query_embedding=embedding,
+            group_by_doc=True,
+            **scope.filters(),
+        ).hits
+        ranked = _unique([*seed_keys, *(h.id for h in deeper)])
         scorer = ContextScorer(
-            base, context_weight=PAGE_WEIGHT, prior={k: SEED_PRIOR / (1 + i) for i, k in enumerate(seed_keys)}
+            base, context_weight=PAGE_WEIGHT, prior={k: SEED_PRIOR / (1 + i) for i, k in enumerate(ranked)}
         )
         links = None if options.links_index is None else SqlEdges(scope, options.links_index)
         own = scorer.score(start)
