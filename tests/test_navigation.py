@@ -543,4 +543,16 @@ def test_a_saved_agent_navigates_and_its_navigation_is_checked_when_stored(clien
         "/agents/walker", json={"navigation": {"strategy": "graph", "selection": "ranked", "index": "xref"}}
     )
     assert patched.status_code == 400 and patched.json()["error"]["path"] == "navigation.selection"
+    unknown = client.patch(
+        "/agents/walker",
+        json={
+            "navigation": {
+                "strategy": "tree",
+                "selection": "ranked",
+                "index": "sections",
+                "links_index": "nope",
+            }
+        },
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["path"] == "navigation.links_index"
     assert client.get("/agents/walker").json()["navigation"]["strategy"] == "tree"  # the old one stays

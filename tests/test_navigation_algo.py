@@ -333,6 +333,8 @@ def test_context_scorer_adds_the_page_and_the_prior() -> None:
     scores = scorer.score(["p#s", "p", "q#t", "gone"])
     assert scores == pytest.approx({"p#s": 0.4 + 0.2 * 0.5, "p": 0.5 + 0.2 * 0.5, "q#t": 0.3 + 0.1})
     assert base.calls == [["p#s", "p", "q#t", "gone", "q"]]  # one call for the keys and their pages
+    assert scorer.score(["p#s", "q#u"]) == pytest.approx({"p#s": 0.4 + 0.2 * 0.5})
+    assert base.calls[1:] == [["q#u"]]  # base scores are asked for once per walk
 
 
 def test_answer_order_keeps_the_head_and_lifts_what_it_links_to() -> None:
