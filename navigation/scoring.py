@@ -40,8 +40,9 @@ class ContextScorer:
     """A `Scorer` that scores a node in its context: `own + context_weight x own(its document) + prior`, where
     its document is `document_key(key)` (a page for a section `page#anchor`, the node itself for a page) and
     `prior` a per-key bonus (e.g. for the seed search's rank). A section of a relevant page is more likely to
-    answer than an equally similar section elsewhere; a key the base scorer does not return is left out. The
-    base scores are kept for the walk, so each key (a page is met again and again) is asked for once."""
+    answer than an equally similar section elsewhere; a key the base scorer does not return is left out. Each
+    call asks the base scorer once, for the keys and their pages (not memoised: a SQL sum's last bit can
+    depend on the batch, and agentdb.tree_walk scores the same batches)."""
 
     def __init__(
         self, scorer: Scorer, *, context_weight: float, prior: Mapping[str, float] | None = None
@@ -49,15 +50,11 @@ class ContextScorer:
         self.scorer = scorer
         self.context_weight = context_weight
         self.prior = prior or {}
-        self._own: dict[str, float | None] = {}
 
     def score(self, keys: Sequence[str]) -> Mapping[str, float]:
-        wanted = dict.fromkeys([*keys, *(document_key(k) for k in keys)])
-        missing = [k for k in wanted if k not in self._own]
-        if missing:
-            found = self.scorer.score(missing)
-            self._own.update({k: float(found[k]) if k in found else None for k in missing})
-        own = {k: v for k in wanted if (v := self._own[k]) is not None}
+        if not keys:
+            return {}
+        own = self.scorer.score(list(dict.fromkeys([*keys, *(document_key(k) for k in keys)])))
         return {
             k: float(own[k])
             + self.context_weight * float(own.get(document_key(k), 0.0))

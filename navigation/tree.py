@@ -12,7 +12,7 @@ start. `max_depth` and `beam_width` shape the walk; only the node budget makes a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from navigation.budget import Budget
@@ -194,17 +194,19 @@ def rank_tree(
 def answer_order(
     visits: Sequence[Visit],
     relevance: Mapping[str, float],
-    linked: Mapping[str, Collection[str]],
+    links_of: Callable[[str], Collection[str]] | None,
     *,
     head: int,
     link_bonus: float,
 ) -> list[tuple[Visit, float]]:
     """The visits as an answer, each with the score it is ranked by: the `head` most relevant first (by
     relevance; ties: visit order), then the rest by relevance + `link_bonus` x the relevance of the most
-    relevant head visit that links to it (`linked[head key]`: its link targets), so the sections the best
-    ones point to come before unlinked ones of similar relevance (answers often need several sections)."""
+    relevant head visit that links to it (`links_of(key)`: a head visit's link targets; None: no links), so
+    the sections the best ones point to come before unlinked ones of similar relevance (answers often need
+    several sections)."""
     ordered = sorted(visits, key=lambda v: (-relevance.get(v.key, 0.0), v.order))
     top = ordered[:head]
+    linked = {} if links_of is None else {v.key: links_of(v.key) for v in top}
     out = [(v, relevance.get(v.key, 0.0)) for v in top]
     rest = []
     for v in ordered[head:]:

@@ -111,7 +111,7 @@ declare
     links text[];
     cand jsonb;
     offers jsonb;
-    rels jsonb;                -- visited key -> relevance
+    rels jsonb;                -- key -> relevance (of the keys being offered, then of the visits)
     head text[];
     via jsonb := '{}';         -- key -> relevance of the best head document linking to it
 begin
@@ -219,25 +219,26 @@ begin
         if cardinality(kids) + cardinality(links) = 0 then
             continue;
         end if;
-        -- The best children by path score, then the best link targets by relevance, offered in that order.
+        -- The best children by path score, then the best link targets by relevance, offered in that order;
+        -- scored in one batch as the Python walk scores them.
+        select coalesce(jsonb_object_agg(sc.doc_id, sc.rel), '{}') into rels
+        from agentdb_internal.tree_walk_relevance(
+                 source, array(select c from unnest(kids || links) with ordinality u(c, n) group by c order by min(n)),
+                 query, query_embedding, scale, prior, tree_walk.filter, filter_query, exclusion_query,
+                 row_filter) sc;
         select coalesce(jsonb_agg(o.x order by o.part, o.ord), '[]') into offers
         from (
-            (select 0 as part, row_number() over (order by coalesce(sc.rel, 0) + decay * (cur.value->>'score')::float8
-                                                  desc, u.n) as ord,
-                    jsonb_build_object('key', u.key, 'score',
-                                       coalesce(sc.rel, 0) + decay * (cur.value->>'score')::float8) as x
+            (select 0 as part,
+                    row_number() over (order by coalesce((rels->>u.key)::float8, 0)
+                                                + decay * (cur.value->>'score')::float8 desc, u.n) as ord,
+                    jsonb_build_object('key', u.key, 'score', coalesce((rels->>u.key)::float8, 0)
+                                                              + decay * (cur.value->>'score')::float8) as x
              from unnest(kids) with ordinality u(key, n)
-             left join agentdb_internal.tree_walk_relevance(source, kids, query, query_embedding, scale,
-                                                            prior, tree_walk.filter, filter_query, exclusion_query,
-                                                            row_filter) sc on sc.doc_id = u.key
              order by 2 limit beam_width)
             union all
-            (select 1, row_number() over (order by coalesce(sc.rel, 0) desc, u.n),
-                    jsonb_build_object('key', u.key, 'score', coalesce(sc.rel, 0))
+            (select 1, row_number() over (order by coalesce((rels->>u.key)::float8, 0) desc, u.n),
+                    jsonb_build_object('key', u.key, 'score', coalesce((rels->>u.key)::float8, 0))
              from unnest(links) with ordinality u(key, n)
-             left join agentdb_internal.tree_walk_relevance(source, links, query, query_embedding, scale, prior,
-                                                            tree_walk.filter, filter_query, exclusion_query,
-                                                            row_filter) sc on sc.doc_id = u.key
              order by 2 limit link_width)
         ) o;
         for child in select (e->>'key') as key, (e->>'score')::float8 as score from jsonb_array_elements(offers) e

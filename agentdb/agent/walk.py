@@ -268,15 +268,13 @@ def walk(
         # context (a child is not more relevant for its parent), the links of its head lifting their targets.
         final = scorer.score([v.key for v in result.visits])
         relevance = {v.key: float(final.get(v.key, 0.0)) for v in result.visits}
-        head = sorted(result.visits, key=lambda v: (-relevance[v.key], v.order))[:ANSWER_HEAD]
-        linked = (
-            {}
-            if links is None
-            else {v.key: {k for k, _ in links.neighbours(v.key, "out", None, 256)} for v in head}
-        )
-        answer = answer_order(result.visits, relevance, linked, head=ANSWER_HEAD, link_bonus=LINK_BONUS)[
-            :limit
-        ]
+        answer = answer_order(
+            result.visits,
+            relevance,
+            None if links is None else lambda key: {k for k, _ in links.neighbours(key, "out", None, 256)},
+            head=ANSWER_HEAD,
+            link_bonus=LINK_BONUS,
+        )[:limit]
         visits = [v for v, _ in answer]
         relevance = {v.key: score for v, score in answer}
         # Reading max_nodes nodes is how a ranked walk ends; it is not an exhausted budget.
