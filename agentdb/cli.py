@@ -424,9 +424,16 @@ def cmd_eval_nav(args: argparse.Namespace) -> None:
     questions = load_questions(Path(args.questions))
     with _connect(args) as conn:
         rows = evaluate_navigation(
-            conn, _settings(args), args.source, questions, index=args.index, progress=not args.no_progress
-        )
-    print(f"{len(questions)} questions over {args.source} (index {args.index})")
+            conn,
+            _settings(args),
+            args.source,
+            questions,
+            index=args.index,
+            links_index=args.links_index or None,
+            progress=not args.no_progress,
+        )["all"]
+    links = f", links {args.links_index}" if args.links_index else ""
+    print(f"{len(questions)} questions over {args.source} (index {args.index}{links})")
     print(navigation_table(rows))
 
 
@@ -1106,6 +1113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("--questions", required=True, help='JSON Lines of {"id", "question", "gold": [keys]}')
     p.add_argument("--index", default="sections", help="the tree index to walk (default sections)")
+    p.add_argument(
+        "--links-index",
+        default="xref",
+        help="the graph index whose links hybrid-ranked navigation follows (default xref; '' for none)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
     p = command("check", cmd_check, "verify that postings and statistics match the documents")

@@ -211,6 +211,14 @@ def check_steps(
         path="navigation.index",
         fields=owner.fields if owner is not None else None,
     )
+    if options.links_index is not None:
+        check_index(
+            conn,
+            source,
+            options.links_index,
+            path="navigation.links_index",
+            fields=owner.fields if owner is not None else None,
+        )
 
 
 def create_agent(conn: psycopg.Connection[Any], owner: Principal | None, spec: SavedAgentIn) -> SavedAgent:

@@ -43,13 +43,15 @@ from navigation.render import (
 )
 from navigation.scoring import (
     DEFAULT_COMBINE,
+    ContextScorer,
     KeywordScorer,
     ScoreCombiner,
     decayed_sum,
+    document_key,
     keyword_overlap,
     keywords,
 )
-from navigation.tree import TreeWalk, rank_tree
+from navigation.tree import TreeWalk, answer_order, rank_tree
 from navigation.walk import Walk
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "Candidate",
     "ChildLister",
     "Chooser",
+    "ContextScorer",
     "Decision",
     "Direction",
     "Frontier",
@@ -87,7 +90,9 @@ __all__ = [
     "Turn",
     "Visit",
     "Walk",
+    "answer_order",
     "decayed_sum",
+    "document_key",
     "estimate_tokens",
     "fit_prefix",
     "graph_candidates",

@@ -1,12 +1,13 @@
-"""How ranked walks score: the path formula that combines a child's own score with its parent's, and the
-keyword-overlap baseline (what Antfly ranks children by) for comparison with hybrid relevance."""
+"""How ranked walks score: the path formula that combines a child's own score with its parent's, a node's
+relevance in its document's context, and the keyword-overlap baseline (what Antfly ranks children by) for
+comparison with hybrid relevance."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from navigation.protocols import NodeReader
+from navigation.protocols import NodeReader, Scorer
 
 ScoreCombiner = Callable[[float, float], float]
 """(a child's own score, its parent's combined score) -> the child's combined score."""
@@ -27,6 +28,41 @@ def decayed_sum(decay: float) -> ScoreCombiner:
 
 
 DEFAULT_COMBINE: ScoreCombiner = decayed_sum(DEFAULT_DECAY)
+
+
+def document_key(key: str) -> str:
+    """The key of the document a section key `doc#fragment` belongs to (`doc`); a key without a fragment is
+    its own document."""
+    return key.split("#", 1)[0] or key
+
+
+class ContextScorer:
+    """A `Scorer` that scores a node in its context: `own + context_weight x own(its document) + prior`, where
+    its document is `document_key(key)` (a page for a section `page#anchor`, the node itself for a page) and
+    `prior` a per-key bonus (e.g. for the seed search's rank). A section of a relevant page is more likely to
+    answer than an equally similar section elsewhere; a key the base scorer does not return is left out. Each
+    call asks the base scorer once, for the keys and their pages (not memoised: a SQL sum's last bit can
+    depend on the batch, and agentdb.tree_walk scores the same batches)."""
+
+    def __init__(
+        self, scorer: Scorer, *, context_weight: float, prior: Mapping[str, float] | None = None
+    ) -> None:
+        self.scorer = scorer
+        self.context_weight = context_weight
+        self.prior = prior or {}
+
+    def score(self, keys: Sequence[str]) -> Mapping[str, float]:
+        if not keys:
+            return {}
+        own = self.scorer.score(list(dict.fromkeys([*keys, *(document_key(k) for k in keys)])))
+        return {
+            k: float(own[k])
+            + self.context_weight * float(own.get(document_key(k), 0.0))
+            + self.prior.get(k, 0.0)
+            for k in keys
+            if k in own
+        }
+
 
 STOPWORDS = frozenset(
     "a an and are as at be by can do does for from how i in is it my of on or the to what when where which "

@@ -3,20 +3,22 @@ selection, the deterministic best-first walk that needs no model.
 
 Depth counts from a start node (0). A node at `max_depth` is read but not expanded, so nothing deeper is
 ever offered; an expansion offers at most `beam_width` children that are not yet visited: the best-scoring
-ones when the walk has a scorer, else the first in stored order. Every visit records its depth, its real
+ones when the walk has a scorer, else the first in stored order. A ranked walk may also follow links (a
+graph index's out-edges, e.g. cross-references): each expansion then offers the `link_width` best unvisited
+link targets too, scored by their own relevance (a jump, not a descent). Every visit records its depth, its real
 branch parent (the node whose expansion offered it), the key visited just before it and its path from the
 start. `max_depth` and `beam_width` shape the walk; only the node budget makes a ranked walk `incomplete`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from navigation.budget import Budget
 from navigation.frontier import Frontier
-from navigation.nodes import Candidate, NavigationResult, Node, StepKind
-from navigation.protocols import ChildLister, NodeReader, ProgressCallback, Scorer
+from navigation.nodes import Candidate, NavigationResult, Node, StepKind, Visit
+from navigation.protocols import ChildLister, NeighbourLister, NodeReader, ProgressCallback, Scorer
 from navigation.scoring import DEFAULT_COMBINE, ScoreCombiner
 from navigation.walk import Walk, root_candidates
 
@@ -26,6 +28,8 @@ class TreeWalk(Walk):
 
     With a `scorer`, children are scored against the query and each gets the combined score
     `combine(own score, parent's combined score)` (default: own + 0.5 x parent); roots get their seed score.
+    With `links` (and a scorer), an expansion also offers the `link_width` best unvisited out-neighbours
+    there, each with its own score.
     """
 
     kind: StepKind = "tree_navigation"
@@ -39,6 +43,8 @@ class TreeWalk(Walk):
         beam_width: int = 3,
         scorer: Scorer | None = None,
         combine: ScoreCombiner = DEFAULT_COMBINE,
+        links: NeighbourLister | None = None,
+        link_width: int = 2,
         budget: Budget | None = None,
         on_step: ProgressCallback | None = None,
     ) -> None:
@@ -52,6 +58,8 @@ class TreeWalk(Walk):
         self.beam_width = beam_width
         self.scorer = scorer
         self.combine = combine
+        self.links = links
+        self.link_width = link_width
         self.frontier = Frontier()
         self.scored = scorer is not None
 
@@ -83,25 +91,35 @@ class TreeWalk(Walk):
             self.frontier.replace(candidate)
 
     def expansion(self, parent: Candidate) -> list[Candidate]:
-        """The children `parent` offers: unvisited, at most `beam_width`, best first when scored."""
+        """The children `parent` offers (unvisited, at most `beam_width`, best first when scored), then the
+        link targets it offers when the walk follows links (unvisited, at most `link_width`, best first by
+        their own score; a key offered both ways keeps its higher score in the frontier)."""
         if parent.depth >= self.max_depth:
             return []
         keys = [k for k in dict.fromkeys(self.children.children(parent.key)) if not self.is_closed(k)]
-        if not keys:
-            return []
         if self.scorer is None:
             return [
                 Candidate(k, parent.depth + 1, parent.key, (*parent.path, k)) for k in keys[: self.beam_width]
             ]
-        own = self.scorer.score(keys)
-        scored = [
-            (self.combine(float(own.get(k, 0.0)), parent.score), float(own.get(k, 0.0)), i, k)
-            for i, k in enumerate(keys)
-        ]
-        scored.sort(key=lambda t: (-t[0], t[2]))
+        linked: dict[str, str] = {}
+        if self.links is not None:
+            for k, edge_type in self.links.neighbours(parent.key, "out", None, 256):
+                if k not in linked and not self.is_closed(k):
+                    linked[k] = edge_type
+        if not keys and not linked:
+            return []
+        own = self.scorer.score(list(dict.fromkeys([*keys, *linked])))
+        children = _best(
+            [(self.combine(float(own.get(k, 0.0)), parent.score), float(own.get(k, 0.0)), k) for k in keys],
+            self.beam_width,
+        )
+        jumps = _best([(float(own.get(k, 0.0)), float(own.get(k, 0.0)), k) for k in linked], self.link_width)
         return [
             Candidate(k, parent.depth + 1, parent.key, (*parent.path, k), combined, own_score)
-            for combined, own_score, _, k in scored[: self.beam_width]
+            for combined, own_score, k in children
+        ] + [
+            Candidate(k, parent.depth + 1, parent.key, (*parent.path, k), score, score, linked[k])
+            for score, _, k in jumps
         ]
 
     def _arrive(self, candidate: Candidate) -> None:
@@ -118,6 +136,11 @@ class TreeWalk(Walk):
         )
 
 
+def _best(scored: list[tuple[float, float, str]], width: int) -> list[tuple[float, float, str]]:
+    """The `width` highest (combined, own, key) entries by combined score (ties: listed order)."""
+    return [t for _, t in sorted(enumerate(scored), key=lambda e: (-e[1][0], e[0]))[:width]]
+
+
 def rank_tree(
     reader: NodeReader,
     children: ChildLister,
@@ -128,6 +151,8 @@ def rank_tree(
     beam_width: int = 3,
     max_nodes: int = 30,
     combine: ScoreCombiner = DEFAULT_COMBINE,
+    links: NeighbourLister | None = None,
+    link_width: int = 2,
     budget: Budget | None = None,
     on_step: ProgressCallback | None = None,
 ) -> NavigationResult:
@@ -135,7 +160,8 @@ def rank_tree(
     (key -> seed score), reading the frontier's best combined score next (ties: smallest key) until the
     frontier is empty (`completed`) or `max_nodes` nodes were read (`incomplete`, reason `max_nodes`).
 
-    Deterministic for deterministic protocols; needs no model. `budget`, when given, replaces `max_nodes`
+    With `links`, expansions also offer the best `link_width` link targets (see `TreeWalk`). Deterministic
+    for deterministic protocols; needs no model. `budget`, when given, replaces `max_nodes`
     (its own `max_nodes` applies). The result's `ranked(limit)` orders the visits by final relevance.
     """
     budget = budget if budget is not None else Budget(max_nodes=max_nodes)
@@ -146,6 +172,8 @@ def rank_tree(
         beam_width=beam_width,
         scorer=scorer,
         combine=combine,
+        links=links,
+        link_width=link_width,
         budget=budget,
         on_step=on_step,
     )
@@ -161,3 +189,27 @@ def rank_tree(
             break
         walk.visit(best.key)
     return walk.result()
+
+
+def answer_order(
+    visits: Sequence[Visit],
+    relevance: Mapping[str, float],
+    links_of: Callable[[str], Collection[str]] | None,
+    *,
+    head: int,
+    link_bonus: float,
+) -> list[tuple[Visit, float]]:
+    """The visits as an answer, each with the score it is ranked by: the `head` most relevant first (by
+    relevance; ties: visit order), then the rest by relevance + `link_bonus` x the relevance of the most
+    relevant head visit that links to it (`links_of(key)`: a head visit's link targets; None: no links), so
+    the sections the best ones point to come before unlinked ones of similar relevance (answers often need
+    several sections)."""
+    ordered = sorted(visits, key=lambda v: (-relevance.get(v.key, 0.0), v.order))
+    top = ordered[:head]
+    linked = {} if links_of is None else {v.key: links_of(v.key) for v in top}
+    out = [(v, relevance.get(v.key, 0.0)) for v in top]
+    rest = []
+    for v in ordered[head:]:
+        bonus = max((relevance.get(h.key, 0.0) for h in top if v.key in linked.get(h.key, ())), default=0.0)
+        rest.append((v, relevance.get(v.key, 0.0) + link_bonus * bonus))
+    return out + sorted(rest, key=lambda t: (-t[1], t[0].order))

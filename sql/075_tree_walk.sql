@@ -1,20 +1,26 @@
 -- Ranked tree navigation for analysts: the SQL door of `steps.retrieval.navigation` with strategy "tree" and
 -- selection "ranked" (agentdb.agent.walk + navigation.rank_tree), returning the same documents in the same
 -- order with the same scores for the same request. Every read is the caller's: nodes through agentdb.read,
--- children through agentdb.neighbors, relevance through agentdb.score_keys, seeds through agentdb.retrieve.
+-- children and links through agentdb.neighbors, relevance through agentdb.score_keys, seeds through
+-- agentdb.retrieve.
 --
 -- The walk (kept equal to the Python one by tests/test_navigation.py):
 --   * start: `start_key`; else `start_nodes` ('$roots', '$hits' or comma-separated keys); else the seed
 --     search's hits (agentdb.retrieve with the same query, mode and filters, `top_k` documents) and their
 --     parents;
---   * a node's relevance: 0.8 x its best chunk's cosine similarity + 0.2 x min(its best chunk's BM25 / the
---     query's best BM25 in scope, 1); a seed hit of rank r (from 0) adds 0.1 / (1 + r);
+--   * a document's own score: 0.8 x its best chunk's cosine similarity + 0.2 x min(its best chunk's BM25 /
+--     the query's best BM25 in scope, 1); its relevance: its own score + 0.2 x the own score of its page (the
+--     key before '#', the document itself for a key without one) + 0.1 / (1 + r) for a document of rank r
+--     (from 0) in the seed search run 2 x `top_k` deep, the seed hits first (navigation.ContextScorer);
 --   * best-first: the frontier's highest path score next (ties: the smallest key in code-point order); a
 --     root's path score is its relevance, a child's its relevance + 0.5 x its parent's path score; an
---     expansion offers the `beam_width` best unvisited children (ties: stored order) of a node above
---     `max_depth`; a key offered again keeps the higher score; at most `max_nodes` reads (a node found
---     unreadable counts and closes its branch);
---   * answer: the visited documents by relevance (ties: visit order), at most `top_k`.
+--     expansion of a node above `max_depth` offers the `beam_width` best unvisited children (ties: stored
+--     order), then, with `links_index`, the 2 most relevant unvisited out-neighbours in that index (ties:
+--     stored order), each with its relevance as path score; a key offered again keeps the higher score; at
+--     most `max_nodes` reads (a node found unreadable counts and closes its branch);
+--   * answer (navigation.answer_order): the 3 most relevant visited documents (ties: visit order), then the
+--     others by relevance + 0.2 x the relevance of the most relevant of those 3 that links to them in
+--     `links_index` (ties: visit order), at most `top_k`; `score` is what each is ranked by.
 
 -- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
 -- would leave an older overload behind and make calls ambiguous.
@@ -23,11 +29,38 @@ declare
     f regprocedure;
 begin
     for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace and p.proname = 'tree_walk'
+             where (p.pronamespace = 'agentdb'::regnamespace and p.proname = 'tree_walk')
+                or (p.pronamespace = 'agentdb_internal'::regnamespace and p.proname = 'tree_walk_relevance')
     loop
         execute format('drop function %s', f);
     end loop;
 end;
+$$;
+
+-- A walk's relevance of `keys` (see above): own score + 0.2 x the page's own score + the seed prior; keys the
+-- caller may not read return no row.
+create or replace function agentdb_internal.tree_walk_relevance(
+    source text,
+    keys text[],
+    query text,
+    query_embedding vector,
+    scale float8,
+    prior jsonb,
+    filter jsonb,
+    filter_query jsonb,
+    exclusion_query jsonb,
+    row_filter jsonb
+) returns table (doc_id text, rel float8)
+language sql stable as $$
+    with k as (
+        select u.key, coalesce(nullif(split_part(u.key, '#', 1), ''), u.key) as page
+        from unnest(keys) u(key)),
+    own as (
+        select s.doc_id, 0.8 * coalesce(s.dense, 0) + (1 - 0.8::float8) * least(s.lexical / scale, 1.0) as rel
+        from agentdb.score_keys(source, array(select key from k union select page from k), query,
+                                query_embedding, filter, filter_query, exclusion_query, row_filter) s)
+    select k.key, o.rel + 0.2 * coalesce(p.rel, 0) + coalesce((prior->>k.key)::float8, 0)
+    from k join own o on o.doc_id = k.key left join own p on p.doc_id = k.page
 $$;
 
 create or replace function agentdb.tree_walk(
@@ -48,15 +81,20 @@ create or replace function agentdb.tree_walk(
     filter_query jsonb default null,
     exclusion_query jsonb default null,
     row_filter jsonb default null,
-    fields text[] default null
+    fields text[] default null,
+    links_index text default null
 ) returns table (rank int, id text, score float8, depth int, parent text, path text[], visit_order int,
                  title text, text text, metadata jsonb)
 language plpgsql volatile as $$
 declare
-    dense_weight constant float8 := 0.8;
     seed_prior constant float8 := 0.1;
+    prior_depth constant int := 2;
     decay constant float8 := 0.5;
+    link_width constant int := 2;
+    answer_head constant int := 3;
+    link_bonus constant float8 := 0.2;
     seeds text[] := '{}';
+    ranked text[];
     starts text[];
     scale float8;
     prior jsonb := '{}';       -- key -> seed prior
@@ -70,7 +108,12 @@ declare
     k text;
     i int;
     kids text[];
+    links text[];
     cand jsonb;
+    offers jsonb;
+    rels jsonb;                -- key -> relevance (of the keys being offered, then of the visits)
+    head text[];
+    via jsonb := '{}';         -- key -> relevance of the best head document linking to it
 begin
     if max_depth is null or max_depth < 1 or max_depth > 20 then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'max_depth must be between 1 and 20', 'max_depth');
@@ -103,8 +146,16 @@ begin
         scale := 1.0;
     end if;
     scale := greatest(scale, 1e-9);
-    for i in 1 .. cardinality(seeds) loop
-        prior := prior || jsonb_build_object(seeds[i], seed_prior / (1 + (i - 1)));
+    -- The prior: the seed search run prior_depth times deeper, the seed hits first.
+    select coalesce(array_agg(h->>'id' order by n), '{}') into ranked
+    from jsonb_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode,
+                                                top_k => prior_depth * top_k, rrf_k => rrf_k, threshold => threshold,
+                                                filter => tree_walk.filter, group_by_doc => true,
+                                                row_filter => row_filter, filter_query => filter_query,
+                                                exclusion_query => exclusion_query))->'hits') with ordinality x(h, n);
+    ranked := array(select s from unnest(seeds || ranked) with ordinality u(s, n) group by s order by min(n));
+    for i in 1 .. cardinality(ranked) loop
+        prior := prior || jsonb_build_object(ranked[i], seed_prior / (1 + (i - 1)));
     end loop;
 
     if start_key is not null then
@@ -122,14 +173,13 @@ begin
     end if;
     starts := array(select s from unnest(starts) with ordinality u(s, n) group by s order by min(n));
 
-    -- Roots: depth 0, path score = relevance + seed prior.
+    -- Roots: depth 0, path score = relevance.
     for node in
-        select u.key, coalesce(sc.rel, 0) + coalesce((prior->>u.key)::float8, 0) as score
+        select u.key, coalesce(sc.rel, 0) as score
         from unnest(starts) u(key)
-        left join (select s.doc_id, dense_weight * coalesce(s.dense, 0)
-                                    + (1 - dense_weight) * least(s.lexical / scale, 1.0) as rel
-                   from agentdb.score_keys(source, starts, query, query_embedding, tree_walk.filter, filter_query,
-                                           exclusion_query, row_filter) s) sc on sc.doc_id = u.key
+        left join agentdb_internal.tree_walk_relevance(source, starts, query, query_embedding, scale, prior,
+                                                       tree_walk.filter, filter_query, exclusion_query,
+                                                       row_filter) sc on sc.doc_id = u.key
     loop
         frontier := frontier || jsonb_build_object(node.key, jsonb_build_object(
             'depth', 0, 'parent', null, 'path', jsonb_build_array(node.key), 'score', node.score));
@@ -158,15 +208,40 @@ begin
                                                           filter_query, exclusion_query, row_filter) n);
         kids := array(select c from unnest(kids) with ordinality u(c, n) where c <> all(closed)
                       group by c order by min(n));
-        for child in
-            select u.key, coalesce(sc.rel, 0) + decay * (cur.value->>'score')::float8 as score
-            from unnest(kids) with ordinality u(key, n)
-            left join (select s.doc_id, dense_weight * coalesce(s.dense, 0)
-                                        + (1 - dense_weight) * least(s.lexical / scale, 1.0) as rel
-                       from agentdb.score_keys(source, kids, query, query_embedding, tree_walk.filter, filter_query,
-                                               exclusion_query, row_filter) s) sc on sc.doc_id = u.key
-            order by 2 desc, u.n
-            limit beam_width
+        links := '{}';
+        if links_index is not null then
+            links := array(select n.key from agentdb.neighbors(source, links_index, cur.key, 'out', null, 256,
+                                                               tree_walk.filter, filter_query, exclusion_query,
+                                                               row_filter) n);
+            links := array(select c from unnest(links) with ordinality u(c, n) where c <> all(closed)
+                           group by c order by min(n));
+        end if;
+        if cardinality(kids) + cardinality(links) = 0 then
+            continue;
+        end if;
+        -- The best children by path score, then the best link targets by relevance, offered in that order;
+        -- scored in one batch as the Python walk scores them.
+        select coalesce(jsonb_object_agg(sc.doc_id, sc.rel), '{}') into rels
+        from agentdb_internal.tree_walk_relevance(
+                 source, array(select c from unnest(kids || links) with ordinality u(c, n) group by c order by min(n)),
+                 query, query_embedding, scale, prior, tree_walk.filter, filter_query, exclusion_query,
+                 row_filter) sc;
+        select coalesce(jsonb_agg(o.x order by o.part, o.ord), '[]') into offers
+        from (
+            (select 0 as part,
+                    row_number() over (order by coalesce((rels->>u.key)::float8, 0)
+                                                + decay * (cur.value->>'score')::float8 desc, u.n) as ord,
+                    jsonb_build_object('key', u.key, 'score', coalesce((rels->>u.key)::float8, 0)
+                                                              + decay * (cur.value->>'score')::float8) as x
+             from unnest(kids) with ordinality u(key, n)
+             order by 2 limit beam_width)
+            union all
+            (select 1, row_number() over (order by coalesce((rels->>u.key)::float8, 0) desc, u.n),
+                    jsonb_build_object('key', u.key, 'score', coalesce((rels->>u.key)::float8, 0))
+             from unnest(links) with ordinality u(key, n)
+             order by 2 limit link_width)
+        ) o;
+        for child in select (e->>'key') as key, (e->>'score')::float8 as score from jsonb_array_elements(offers) e
         loop
             cand := frontier->child.key;
             if cand is null or child.score > (cand->>'score')::float8 then
@@ -177,22 +252,36 @@ begin
         end loop;
     end loop;
 
+    -- The answer: the head by relevance, then the rest with the bonus of the head's links.
+    select coalesce(jsonb_object_agg(sc.doc_id, sc.rel), '{}') into rels
+    from agentdb_internal.tree_walk_relevance(source, array(select e->>'key' from jsonb_array_elements(visits) e),
+                                              query, query_embedding, scale, prior, tree_walk.filter, filter_query,
+                                              exclusion_query, row_filter) sc;
+    head := array(select x->>'key' from jsonb_array_elements(visits) x
+                  order by coalesce((rels->>(x->>'key'))::float8, 0) desc, (x->>'order')::int limit answer_head);
+    if links_index is not null then
+        select coalesce(jsonb_object_agg(t.key, t.via), '{}') into via
+        from (select n.key, max(coalesce((rels->>h.key)::float8, 0)) as via
+              from unnest(head) h(key),
+                   lateral agentdb.neighbors(source, links_index, h.key, 'out', null, 256, tree_walk.filter,
+                                             filter_query, exclusion_query, row_filter) n
+              group by n.key) t;
+    end if;
     return query
-    select (row_number() over (order by x.relevance desc, x.ord))::int, x.key, x.relevance, x.depth, x.parent,
-           x.path, x.ord, x.title, x.text, x.metadata
+    select (row_number() over (order by y.pos nulls last, y.final desc, y.ord))::int, y.key, y.final, y.depth,
+           y.parent, y.path, y.ord, y.title, y.text, y.metadata
     from (
-        select v->>'key' as key, (v->>'depth')::int as depth, v->>'parent' as parent,
-               array(select jsonb_array_elements_text(v->'path')) as path, (v->>'order')::int as ord,
-               v->>'title' as title, v->>'text' as text, v->'metadata' as metadata,
-               coalesce(sc.rel, 0) + coalesce((prior->>(v->>'key'))::float8, 0) as relevance
-        from jsonb_array_elements(visits) v
-        left join (select s.doc_id, dense_weight * coalesce(s.dense, 0)
-                                    + (1 - dense_weight) * least(s.lexical / scale, 1.0) as rel
-                   from agentdb.score_keys(source, array(select e->>'key' from jsonb_array_elements(visits) e),
-                                           query, query_embedding, tree_walk.filter, filter_query, exclusion_query,
-                                           row_filter) s) sc on sc.doc_id = v->>'key'
-    ) x
-    order by x.relevance desc, x.ord
+        select z.*, case when z.pos is not null then z.relevance
+                         else z.relevance + link_bonus * coalesce((via->>z.key)::float8, 0) end as final
+        from (
+            select x->>'key' as key, (x->>'depth')::int as depth, x->>'parent' as parent,
+                   array(select jsonb_array_elements_text(x->'path')) as path, (x->>'order')::int as ord,
+                   x->>'title' as title, x->>'text' as text, x->'metadata' as metadata,
+                   coalesce((rels->>(x->>'key'))::float8, 0) as relevance, array_position(head, x->>'key') as pos
+            from jsonb_array_elements(visits) x
+        ) z
+    ) y
+    order by y.pos nulls last, y.final desc, y.ord
     limit top_k;
 end;
 $$;

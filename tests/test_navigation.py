@@ -223,6 +223,8 @@ INVALID = [
         f"{NAV}.direction",
     ),
     ({"strategy": "tree", "selection": "ranked", "index": "nope"}, 0, f"{NAV}.index"),
+    ({"strategy": "tree", "selection": "ranked", "links_index": "nope"}, 0, f"{NAV}.links_index"),
+    ({"strategy": "tree", "selection": "agentic", "links_index": "xref"}, 1, f"{NAV}.links_index"),
     ({"strategy": "tree", "selection": "ranked", "index": "xref"}, 0, f"{NAV}.index"),
     (
         {"strategy": "tree", "selection": "agentic", "instruction_field": "secret"},
@@ -250,7 +252,8 @@ def test_every_invalid_navigation_is_3007_at_its_path_before_any_read(
         },
     )
     error = response.json()["error"]
-    assert (error["path"], error["code"]) == (path, 3010 if fields.get("index") == "nope" else 3007), error
+    unknown = "nope" in (fields.get("index"), fields.get("links_index"))
+    assert (error["path"], error["code"]) == (path, 3010 if unknown else 3007), error
     assert fake[0].requests == []
 
 
@@ -448,7 +451,15 @@ def test_no_visited_node_key_or_field_outside_the_grant(
 
 
 @pytest.mark.parametrize(
-    "start", [{}, {"start_key": "manual"}, {"start_nodes": "$roots"}, {"start_nodes": "dump,failover"}]
+    "start",
+    [
+        {},
+        {"start_key": "manual"},
+        {"start_nodes": "$roots"},
+        {"start_nodes": "dump,failover"},
+        {"links_index": "xref"},
+        {"start_key": "manual", "links_index": "xref"},
+    ],
 )
 def test_the_sql_door_walks_as_http_does(
     client: TestClient, db_url: str, embedder: Any, start: dict[str, Any]
@@ -477,8 +488,14 @@ def test_the_sql_door_walks_as_http_does(
         configure(conn)
         rows = conn.execute(
             "select id, score, depth, parent, path, visit_order from agentdb.tree_walk('runbooks', 'sections', %s,"
-            " %s, start_key => %s, start_nodes => %s, top_k => 6, mode => 'hybrid')",
-            (text, embedder.embed([text])[0], start.get("start_key"), start.get("start_nodes")),
+            " %s, start_key => %s, start_nodes => %s, top_k => 6, mode => 'hybrid', links_index => %s)",
+            (
+                text,
+                embedder.embed([text])[0],
+                start.get("start_key"),
+                start.get("start_nodes"),
+                start.get("links_index"),
+            ),
         ).fetchall()
     assert rows, body
     assert [
@@ -532,4 +549,16 @@ def test_a_saved_agent_navigates_and_its_navigation_is_checked_when_stored(clien
         "/agents/walker", json={"navigation": {"strategy": "graph", "selection": "ranked", "index": "xref"}}
     )
     assert patched.status_code == 400 and patched.json()["error"]["path"] == "navigation.selection"
+    unknown = client.patch(
+        "/agents/walker",
+        json={
+            "navigation": {
+                "strategy": "tree",
+                "selection": "ranked",
+                "index": "sections",
+                "links_index": "nope",
+            }
+        },
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["path"] == "navigation.links_index"
     assert client.get("/agents/walker").json()["navigation"]["strategy"] == "tree"  # the old one stays

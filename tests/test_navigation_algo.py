@@ -16,6 +16,7 @@ from navigation import (
     TOOL_CALL_CAP,
     Budget,
     Candidate,
+    ContextScorer,
     Decision,
     Direction,
     Frontier,
@@ -28,7 +29,9 @@ from navigation import (
     ToolCall,
     TreeWalk,
     Turn,
+    answer_order,
     decayed_sum,
+    document_key,
     estimate_tokens,
     fit_prefix,
     graph_candidates,
@@ -301,6 +304,57 @@ def test_ranked_starts_from_several_keys_or_seed_hits() -> None:
     assert seeds.keys == ["c", "a", "a1"]
     assert seeds.visits[0].score == pytest.approx(0.9)
     assert (seeds.visits[2].depth, seeds.visits[2].parent) == (1, "a")
+
+
+def test_ranked_walk_follows_the_best_links_of_every_node_it_reads() -> None:
+    # Links (a graph beside the tree): a -> x, y, z and b1 -> x; nothing links in the plain runbook.
+    store = Store([*RUNBOOK_KEYS, "x", "y", "z"], RUNBOOK)
+    links = Store([], edges=[("a", "x", "xref"), ("a", "y", "xref"), ("a", "z", "xref"), ("b1", "x", "xref")])
+    own = {"root": 0.1, "a": 0.9, "b": 0.2, "x": 0.3, "y": 0.6, "z": 0.5, "a1": 0.1}
+    result = rank_tree(store, store, TableScorer(own), "root", links=links, link_width=2, max_nodes=50)
+    visits = {v.key: v for v in result.visits}
+    # The two best link targets of a (y, z) are offered with their own score, x not (width 2) until b1 offers
+    # it; no node is visited twice; children keep the path formula.
+    assert {"x", "y", "z"} <= set(visits) and visits["x"].parent == "b1" and visits["z"].parent == "a"
+    assert (visits["y"].score, visits["y"].parent, visits["y"].depth) == (0.6, "a", 2)
+    assert visits["y"].step.edge_type == "xref" and visits["a1"].step.edge_type is None
+    assert visits["a1"].score == pytest.approx(0.1 + 0.5 * (0.9 + 0.5 * 0.1))
+    assert len(result.keys) == len(set(result.keys))
+    assert [k for k, *_ in links.neighbour_calls] == result.keys  # every node read above max_depth
+    plain = rank_tree(store, store, TableScorer(own), "root", max_nodes=50)
+    assert not {"x", "y", "z"} & set(plain.keys)  # without links the walk stays in the tree
+
+
+def test_context_scorer_adds_the_page_and_the_prior() -> None:
+    assert document_key("page.html#SECT") == "page.html" and document_key("page.html") == "page.html"
+    assert document_key("#odd") == "#odd"
+    base = TableScorer({"p": 0.5, "p#s": 0.4, "q#t": 0.3})
+    scorer = ContextScorer(base, context_weight=0.2, prior={"q#t": 0.1})
+    scores = scorer.score(["p#s", "p", "q#t", "gone"])
+    assert scores == pytest.approx({"p#s": 0.4 + 0.2 * 0.5, "p": 0.5 + 0.2 * 0.5, "q#t": 0.3 + 0.1})
+    assert base.calls == [["p#s", "p", "q#t", "gone", "q"]]  # one call for the keys and their pages
+
+
+def test_answer_order_keeps_the_head_and_lifts_what_it_links_to() -> None:
+    store = runbook()
+    result = rank_tree(store, store, TableScorer({}), "root", max_nodes=50)
+    visits = {v.key: v for v in result.visits}
+    relevance = {"root": 0.9, "a": 0.8, "b": 0.1, "c": 0.5, "a1": 0.45, "a2": 0.2}
+    asked: list[str] = []
+
+    def links_of(key: str) -> set[str]:
+        asked.append(key)
+        return {"b", "root"} if key == "a" else set()
+
+    order = answer_order(result.visits, relevance, links_of, head=2, link_bonus=0.5)
+    assert asked == ["root", "a"]  # only the head's links are looked up
+    assert [v.key for v, _ in order][:4] == ["root", "a", "b", "c"]
+    assert dict((v.key, s) for v, s in order)["b"] == pytest.approx(0.1 + 0.5 * 0.8)
+    assert [s for _, s in order][:2] == [0.9, 0.8]
+    plain = answer_order(result.visits, relevance, None, head=2, link_bonus=0.5)
+    assert [v.key for v, _ in plain] == sorted(
+        visits, key=lambda k: (-relevance.get(k, 0.0), visits[k].order)
+    )
 
 
 def test_ranked_node_budget_makes_run_incomplete_with_evidence() -> None:

@@ -15,10 +15,11 @@ from agentdb.agent.pipeline import respond, run
 from agentdb.config import Settings
 from agentdb.evaluation import NavigationScores, Question, score_navigation
 
-# method name -> the `steps.retrieval.navigation` object (None: plain hybrid search)
+# method name -> the `steps.retrieval.navigation` object (None: plain hybrid search); a `links_index` here is
+# replaced by evaluate_navigation's own (left out when that is None)
 METHODS: dict[str, dict[str, Any] | None] = {
     "hybrid search": None,
-    "ranked tree navigation (hybrid)": {"scoring": "hybrid"},
+    "ranked tree navigation (hybrid)": {"scoring": "hybrid", "links_index": "xref"},
     "ranked tree navigation (keywords)": {"scoring": "keywords"},
 }
 
@@ -57,22 +58,38 @@ def evaluate_navigation(
     questions: list[Question],
     *,
     index: str = "sections",
+    links_index: str | None = "xref",
     methods: dict[str, dict[str, Any] | None] | None = None,
     progress: bool = True,
-) -> list[NavigationScores]:
-    """Every method over every question, in the same process against the same database."""
-    rows = []
+    splits: dict[str, list[Question]] | None = None,
+) -> dict[str, list[NavigationScores]]:
+    """Every method over every question, in the same process against the same database: the scores over
+    all questions (`"all"`) and over each of `splits` (name -> a subset of `questions`) from the same runs."""
+    out: dict[str, list[NavigationScores]] = {"all": [], **{name: [] for name in splits or {}}}
     for method, navigation in (methods or METHODS).items():
-        ranked, nodes, latencies = [], [], []
+        if navigation is not None and "links_index" in navigation:
+            navigation = {k: v for k, v in navigation.items() if k != "links_index"}
+            if links_index is not None:
+                navigation["links_index"] = links_index
+        ranked, nodes, latencies = {}, {}, {}
         for q in tqdm(questions, desc=method, unit="q", disable=not progress):
             started = time.perf_counter()
             response = respond(run(conn, request_for(source, q.question, navigation, index), None, settings))
-            latencies.append((time.perf_counter() - started) * 1000)
-            ranked.append([h.id for h in response.hits])
+            latencies[q.id] = (time.perf_counter() - started) * 1000
+            ranked[q.id] = [h.id for h in response.hits]
             summary = [s for s in response.steps if s.id == "navigation"]
-            nodes.append(summary[0].details["nodes_read"] if summary else 0)
-        rows.append(score_navigation(method, questions, ranked, nodes, latencies))
-    return rows
+            nodes[q.id] = summary[0].details["nodes_read"] if summary else 0
+        for name, subset in {"all": questions, **(splits or {})}.items():
+            out[name].append(
+                score_navigation(
+                    method,
+                    subset,
+                    [ranked[q.id] for q in subset],
+                    [nodes[q.id] for q in subset],
+                    [latencies[q.id] for q in subset],
+                )
+            )
+    return out
 
 
 __all__ = ["METHODS", "evaluate_navigation", "request_for"]

@@ -28,7 +28,8 @@ class NavigationOptions(BaseModel):
     refused, not ignored; defaults depend on the strategy (`max_depth` 5 and `beam_width` 3 for a tree,
     `direction` out, `max_steps` 8 and `neighbor_limit` 8 for a graph). Ranked selection reads at most
     `max_nodes` nodes and scores children with the search's two legs (`scoring` hybrid) or, for comparison,
-    by keyword overlap with title and text (`keywords`, how Antfly ranks branches)."""
+    by keyword overlap with title and text (`keywords`, how Antfly ranks branches); with `links_index` (a
+    graph index such as cross-references) it also follows the best links of every node it reads."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -46,6 +47,7 @@ class NavigationOptions(BaseModel):
     neighbor_limit: int | None = Field(None, ge=1, le=256)
     max_nodes: int = Field(30, ge=1, le=500)
     scoring: Literal["hybrid", "keywords"] = "hybrid"
+    links_index: str | None = Field(None, min_length=1, max_length=63)
     max_context_tokens: int = Field(16_000, ge=1_000, le=200_000)
     instruction: str | None = Field(None, max_length=10_000)
     instruction_field: str | None = Field(None, min_length=1, max_length=63)
@@ -88,6 +90,8 @@ class NavigationOptions(BaseModel):
             for name in ("max_nodes", "scoring"):
                 if name in given:
                     refuse(name, "applies to ranked selection only (agentic runs end by their budgets)")
+            if "links_index" in given:
+                refuse("links_index", "applies to ranked selection only (the model chooses its own moves)")
             if iterations < 1:
                 raise InvalidParamValue(
                     "agentic navigation needs max_internal_iterations >= 1 (the model's turns)",

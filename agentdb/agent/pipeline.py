@@ -194,6 +194,8 @@ def _navigation(
                 embedding=outcome.embedding,
                 fusion=spec.fusion,
                 alpha=spec.alpha,
+                rrf_k=spec.rrf_k,
+                threshold=spec.threshold,
                 model=plan.navigator,
                 max_iterations=request.max_internal_iterations,
                 report=report,

@@ -139,6 +139,14 @@ def validate(
                 path=f"{where}.index",
                 fields=fields if principal is not None else None,
             )
+            if navigation.links_index is not None:
+                check_index(
+                    conn,
+                    source,
+                    navigation.links_index,
+                    path=f"{where}.links_index",
+                    fields=fields if principal is not None else None,
+                )
             if navigation.instruction_field is not None and not (
                 fields is None or navigation.instruction_field in fields
             ):

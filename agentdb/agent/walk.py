@@ -18,6 +18,7 @@ from agentdb.llm import Message, Model, ToolSpec
 from agentdb.retrieval import Fusion, Hit, Mode, retrieve
 from navigation import (
     Budget,
+    ContextScorer,
     Decision,
     GraphWalk,
     KeywordScorer,
@@ -29,14 +30,24 @@ from navigation import (
     TreeWalk,
     Turn,
     Visit,
+    answer_order,
     rank_tree,
     run_agentic,
     system_prompt,
     tool_definitions,
 )
 
-# Ranked walks: the bonus a seed hit of rank r (from 0) keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1].
+# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/README.md): the bonus a document of rank r
+# (from 0) in the seed search keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1], over the search run
+# PRIOR_DEPTH times the query's limit deep (the seed hits first); the weight of a section's page in its
+# relevance (navigation.ContextScorer); with a links index, the link targets an expansion offers; the answer's
+# head kept in relevance order, and the share of a head node's relevance its link targets after it gain.
 SEED_PRIOR = 0.1
+PRIOR_DEPTH = 2
+PAGE_WEIGHT = 0.2
+LINK_WIDTH = 2
+ANSWER_HEAD = 3
+LINK_BONUS = 0.2
 
 
 class Cancelled(Exception):
@@ -179,6 +190,8 @@ def walk(
     embedding: Any,
     fusion: Fusion = "rrf",
     alpha: float = 0.5,
+    rrf_k: int = 60,
+    threshold: float = 0.5,
     model: Model | None,
     max_iterations: int,
     report: Callable[[dict[str, Any]], None],
@@ -213,28 +226,57 @@ def walk(
         best = retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
         scale = (best[0].bm25_score or 1.0) if best else 1.0
         vector = None if embedding is None else np.asarray(embedding)
-        scorer = (
+        base = (
             KeywordScorer(query, nodes)
             if options.scoring == "keywords"
             else SqlScorer(scope, query, vector, scale)
         )
-        prior = {k: SEED_PRIOR / (1 + i) for i, k in enumerate(seed_keys)}
+        # The seed search run PRIOR_DEPTH times deeper: its ranking beyond the seed hits is evidence too.
+        deeper = retrieve(
+            scope.conn,
+            scope.source,
+            query,
+            mode=mode,
+            top_k=PRIOR_DEPTH * limit,
+            rrf_k=rrf_k,
+            threshold=threshold,
+            fusion=fusion,
+            alpha=alpha,
+            query_embedding=embedding,
+            group_by_doc=True,
+            **scope.filters(),
+        ).hits
+        ranked = _unique([*seed_keys, *(h.id for h in deeper)])
+        scorer = ContextScorer(
+            base, context_weight=PAGE_WEIGHT, prior={k: SEED_PRIOR / (1 + i) for i, k in enumerate(ranked)}
+        )
+        links = None if options.links_index is None else SqlEdges(scope, options.links_index)
         own = scorer.score(start)
         result = rank_tree(
             nodes,
             edges,
             scorer,
-            {k: float(own.get(k, 0.0)) + prior.get(k, 0.0) for k in start},
+            {k: float(own.get(k, 0.0)) for k in start},
             max_depth=options.max_depth or 5,
             beam_width=options.beam_width or 3,
             max_nodes=options.max_nodes,
+            links=links,
+            link_width=LINK_WIDTH,
             on_step=on_step,
         )
-        # The path score orders the frontier; the answer is ordered by each document's own relevance (with
-        # the seed search's rank as a small prior), since a child is not more relevant for its parent.
+        # The path score orders the frontier; the answer is ordered by each document's own relevance in its
+        # context (a child is not more relevant for its parent), the links of its head lifting their targets.
         final = scorer.score([v.key for v in result.visits])
-        relevance = {v.key: float(final.get(v.key, 0.0)) + prior.get(v.key, 0.0) for v in result.visits}
-        visits = sorted(result.visits, key=lambda v: (-relevance[v.key], v.order))[:limit]
+        relevance = {v.key: float(final.get(v.key, 0.0)) for v in result.visits}
+        answer = answer_order(
+            result.visits,
+            relevance,
+            None if links is None else lambda key: {k for k, _ in links.neighbours(key, "out", None, 256)},
+            head=ANSWER_HEAD,
+            link_bonus=LINK_BONUS,
+        )[:limit]
+        visits = [v for v, _ in answer]
+        relevance = {v.key: score for v, score in answer}
         # Reading max_nodes nodes is how a ranked walk ends; it is not an exhausted budget.
         status = "completed"
     else:
