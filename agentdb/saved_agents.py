@@ -214,7 +214,7 @@ def check_steps(
     if options.links_index is not None:
         check_index(
             conn,
-            source,
+            agent.source,
             options.links_index,
             path="navigation.links_index",
             fields=owner.fields if owner is not None else None,
