@@ -153,7 +153,8 @@ class Postmaster:
 
     def url(self, database: str) -> str:
         if self.socket_dir:
-            return f"postgresql://postgres:@/{database}?host={self.socket_dir}"
+            port = "" if self.port in (None, 5432) else f"&port={self.port}"
+            return f"postgresql://postgres:@/{database}?host={self.socket_dir}{port}"
         return f"postgresql://postgres:@{self.host}:{self.port}/{database}"
 
 
