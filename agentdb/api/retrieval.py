@@ -13,12 +13,12 @@ from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 
 from agentdb import agent
-from agentdb.api.deps import request_scope
+from agentdb.api.deps import DatabaseRoute, read_pool, request_scope
 from agentdb.auth import Principal
 from agentdb.config import Settings
 from agentdb.errors import AgentDBError
 
-router = APIRouter(tags=["retrieval"])
+router = APIRouter(tags=["retrieval"], route_class=DatabaseRoute)
 
 
 def sse(kind: str, payload: Any) -> bytes:
@@ -80,6 +80,6 @@ def _answer(
     plan = agent.validate(conn, request, caller, settings)  # input, permission and model errors: a plain 4xx
     if not request.stream:
         return agent.respond(agent.run(conn, request, caller, settings, plan=plan))
-    return StreamingResponse(
-        _stream(http.app.state.pool, request, caller, settings, plan), media_type="text/event-stream"
-    )
+    # Recall from memory stores updates their last-access times: a stream that recalls runs on the primary.
+    pool = http.app.state.pool if request.memory is not None else read_pool(http)
+    return StreamingResponse(_stream(pool, request, caller, settings, plan), media_type="text/event-stream")
