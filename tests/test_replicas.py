@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import psycopg
@@ -90,7 +91,9 @@ def client(cluster: Cluster) -> Iterator[TestClient]:
         yield test_client
 
 
-def _wait_rotation(client: TestClient, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+def _wait_rotation(
+    client: TestClient | httpx.Client, count: int, timeout: float = 30.0
+) -> list[dict[str, Any]]:
     """The /healthz replicas once `count` of them are in rotation."""
     deadline = time.monotonic() + timeout
     while True:
@@ -187,6 +190,7 @@ def test_read_your_writes_waits_for_the_replica_or_uses_the_primary(
             "/sources/ops/documents/new1", headers={"X-Agentdb-Min-LSN": deleted.headers["X-Agentdb-LSN"]}
         )
         assert after.status_code == 404 and after.headers["X-Agentdb-Served-By"] == "primary"
+        assert after.headers["Server-Timing"].startswith("lsn-wait;dur=")  # the wait that ran out
     finally:
         for conn in paused:
             conn.execute("select pg_wal_replay_resume()")
@@ -312,7 +316,7 @@ def test_a_principal_reads_the_same_on_a_replica_as_on_the_primary(
 def test_start_replicas_status_and_stop_from_the_command_line() -> None:
     """`agentdb start --replicas 1` prints the server's URL and the standby's; `agentdb status` lists the standby
     with its role, replay lag and rotation; `agentdb stop` stops both."""
-    from test_cli import run
+    from test_cli import _free_port, _serve_embedded, _wait_healthy, run
 
     data_dir = Path(tempfile.mkdtemp(prefix="agentdb-start-replicas-"))
     try:
@@ -329,6 +333,22 @@ def test_start_replicas_status_and_stop_from_the_command_line() -> None:
         )
         text = run(["status", "--data-dir", str(data_dir)], None).stdout
         assert re.search(r"^replica1: +standby, replay lag \d+ ms, in rotation \(", text, re.MULTILINE), text
+        # `agentdb serve` on the embedded database reads from its standbys without being told.
+        port = _free_port()
+        server = _serve_embedded(data_dir, port)
+        try:
+            assert _wait_healthy(server, port).status_code == 200
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+                replicas = _wait_rotation(http, 1)
+            assert [(r["name"], r["url"]) for r in replicas] == [
+                (
+                    "replica1",
+                    f"user=postgres dbname=agentdb host={data_dir.resolve()}/replicas/1/pg port=5433",
+                )
+            ]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
         stopped = run(["stop", "--data-dir", str(data_dir)], None).stdout
         assert "stopped standby replica1" in stopped and "stopped the embedded server" in stopped
         assert [s.running for s in list_standbys(data_dir)] == [False]

@@ -265,13 +265,13 @@ async def _label(request: Request, response: Response) -> None:
 
 def routing_headers(request: Request) -> dict[str, str]:
     """Which server served the request (when it reached one), and how long it waited for a replica to replay
-    the read's `min_lsn`; for error responses too."""
+    the read's `min_lsn` (also when the wait ran out and the primary served it); for error responses too."""
     replica: Replica | None = getattr(request.state, "replica", None)
-    if replica is None:
-        return {SERVED_BY_HEADER: "primary"} if hasattr(request.state, "any_principals") else {}
+    if replica is None and not hasattr(request.state, "any_principals"):
+        return {}
     waited = getattr(request.state, "lsn_wait_ms", None)
     timing = {} if waited is None else {"Server-Timing": f"lsn-wait;dur={waited:.1f}"}
-    return {SERVED_BY_HEADER: replica.name, **timing}
+    return {SERVED_BY_HEADER: "primary" if replica is None else replica.name, **timing}
 
 
 def _position(conn: psycopg.Connection[Any]) -> str:

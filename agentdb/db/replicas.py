@@ -77,6 +77,9 @@ class Replica:
         self.name = name
         self.url = url
         self.pool = pool
+        # Unreachable since the last check that reached it: its pool's connections are gone and the pool is
+        # backing off between reconnection attempts (seconds), so a fresh pool serves it when it is back.
+        self.lost = False
         self.role = "unreachable"
         self.replay_lsn: int | None = None
         self.lag_ms: float | None = None
@@ -140,13 +143,9 @@ class ReadRouter:
         self.max_lag_ms = max_lag_ms
         self.wait_ms = wait_ms
         self.check_interval_s = check_interval_s
+        self._pool_sizes = (pool_min_size, pool_max_size) if pools else None
         self.replicas = [
-            Replica(
-                f"replica{i}",
-                url,
-                open_pool(url, min_size=pool_min_size, max_size=pool_max_size, wait=False) if pools else None,
-            )
-            for i, url in enumerate(replica_urls, start=1)
+            Replica(f"replica{i}", url, self._open_pool(url)) for i, url in enumerate(replica_urls, start=1)
         ]
         self._positions: deque[tuple[float, int]] = deque()
         self._primary: psycopg.Connection[Any] | None = None
@@ -154,6 +153,18 @@ class ReadRouter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _open_pool(self, url: str) -> ConnectionPool | None:
+        if self._pool_sizes is None:
+            return None
+        return open_pool(url, min_size=self._pool_sizes[0], max_size=self._pool_sizes[1], wait=False)
+
+    def _renew_pool(self, replica: Replica) -> None:
+        """A fresh pool for a replica that is back; the old one is closed in the background (connections
+        still out close when they are returned)."""
+        old, replica.pool = replica.pool, self._open_pool(replica.url)
+        if old is not None:
+            threading.Thread(target=old.close, name="agentdb-replica-pool-close", daemon=True).start()
 
     # -- the monitor -------------------------------------------------------------------------------------
 
@@ -223,7 +234,11 @@ class ReadRouter:
                 if replica.in_rotation:
                     log.warning("%s left the rotation: %s", replica.name, _first_line(exc))
                 replica.role, replica.in_rotation, replica.error = "unreachable", False, _first_line(exc)
+                replica.lost = True
                 continue
+            if replica.lost:
+                self._renew_pool(replica)
+                replica.lost = False
             replica.error = None
             if not in_recovery or replay is None:
                 replica.role, replica.lag_ms, replica.in_rotation = "primary", None, False
@@ -264,7 +279,7 @@ class ReadRouter:
         """A read failed on `replica`: keep reads away from it until the monitor sees it healthy again."""
         if replica.in_rotation:
             log.warning("%s left the rotation: %s", replica.name, _first_line(error))
-        replica.in_rotation, replica.error = False, _first_line(error)
+        replica.in_rotation, replica.error, replica.lost = False, _first_line(error), True
 
     def wait_for(
         self, replica: Replica, conn: psycopg.Connection[Any], min_lsn: int, deadline: float
