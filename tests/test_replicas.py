@@ -5,6 +5,7 @@ replica equal to those on the primary."""
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import tempfile
@@ -357,3 +358,41 @@ def test_start_replicas_status_and_stop_from_the_command_line() -> None:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+
+
+def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both replicas paused (and kept in rotation by a generous lag limit): a principal created now is unknown
+    to them, so its read, sent without the creation's position, fails authentication on a replica and is run
+    again on the primary. Its hits are the row-filtered ones."""
+    app = create_app(_settings(cluster, max_replica_lag_ms=600_000))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        _wait_rotation(client, 2)
+        paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+        try:
+            for conn in paused:
+                conn.execute("select pg_wal_replay_pause()")
+            with psycopg.connect(cluster.primary, autocommit=True) as conn:
+                configure(conn)
+                row_filter = {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": "red"}}
+                _, key = create_principal(
+                    conn, f"late{uuid.uuid4().hex[:8]}", tables=["ops"], row_filter=row_filter
+                )
+            with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
+                response = client.post(
+                    "/agents/retrieval", json=search(), headers={"Authorization": f"Bearer {key}"}
+                )
+        finally:
+            for conn in paused:
+                conn.execute("select pg_wal_replay_resume()")
+                conn.close()
+    assert response.status_code == 200, response.text
+    assert response.headers["X-Agentdb-Served-By"] == "primary"
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert len(retries) == 1, retries
+    assert re.match(
+        r"retrying POST /agents/retrieval after replica[12] failed it: .*invalid API key", retries[0]
+    )
+    hits = response.json()["hits"]
+    assert hits and {h["_source"]["team"] for h in hits} == {"red"}

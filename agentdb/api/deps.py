@@ -94,6 +94,8 @@ MIN_LSN_HEADER = "X-Agentdb-Min-LSN"
 CONSISTENCY_HEADER = "X-Agentdb-Consistency"
 LSN_HEADER = "X-Agentdb-LSN"
 SERVED_BY_HEADER = "X-Agentdb-Served-By"
+# Requests that change nothing a client would read back (a GET may touch last-access times): no LSN for them.
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MinLsn = Annotated[
     str | None,
     Header(
@@ -164,8 +166,8 @@ def request_connection(request: Request, wish: ReadWish | None = None) -> Iterat
     principals exist is read on it and kept for `request_principal`.
 
     With a `wish` the request only reads: a replica serves it when one is in rotation (and has replayed
-    `wish.min_lsn`), else the primary. Without one it may write: the primary serves it, and its response
-    carries the primary's WAL position afterwards (`X-Agentdb-LSN`)."""
+    `wish.min_lsn`), else the primary. Without one it may write: the primary serves it, and the response to
+    a POST, PUT, PATCH or DELETE carries the primary's WAL position afterwards (`X-Agentdb-LSN`)."""
     settings = request.app.state.settings
     router: ReadRouter | None = request.app.state.router
     request.state.replica = None
@@ -239,6 +241,16 @@ class DatabaseRoute(APIRoute):
         return handle
 
 
+class NeedsPrimary(Exception):  # noqa: N818 - a signal to DatabaseRoute, never an error response
+    """Raised by a read that learns, once it has its request, that it will write: run it on the primary."""
+
+
+def require_primary(request: Request) -> None:
+    """Hand this read to the primary if a replica was chosen for it (DatabaseRoute runs it again there)."""
+    if getattr(request.state, "replica", None) is not None:
+        raise NeedsPrimary
+
+
 def _retry_elsewhere(request: Request, exc: Exception) -> bool:
     """Whether the read failed because of the replica that served it, and may run again elsewhere (once)."""
     replica: Replica | None = getattr(request.state, "replica", None)
@@ -247,7 +259,7 @@ def _retry_elsewhere(request: Request, exc: Exception) -> bool:
     if isinstance(exc, psycopg.Error) and is_outage(exc):
         request.app.state.router.leave_rotation(replica, exc)
         request.state.failed_replicas = frozenset({replica.name})
-    elif isinstance(exc, psycopg.errors.ReadOnlySqlTransaction | Unauthorized):
+    elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction | Unauthorized):
         request.state.primary_only = True
     else:
         return False
@@ -259,7 +271,7 @@ def _retry_elsewhere(request: Request, exc: Exception) -> bool:
 async def _label(request: Request, response: Response) -> None:
     response.headers.update(routing_headers(request))
     writer: psycopg.Connection[Any] | None = getattr(request.state, "write_connection", None)
-    if writer is not None and response.status_code < 400:
+    if writer is not None and response.status_code < 400 and request.method not in SAFE_METHODS:
         response.headers[LSN_HEADER] = await run_in_threadpool(_position, writer)
 
 

@@ -249,7 +249,8 @@ class ReadRouter:
             replica.lag_ms = self.lag_ms(replay, time.monotonic())
             healthy = replica.lag_ms <= self.max_lag_ms
             if healthy != replica.in_rotation:
-                log.warning(
+                log.log(
+                    logging.INFO if healthy else logging.WARNING,
                     "%s %s the rotation (replay lag %.0f ms, limit %.0f ms)",
                     replica.name,
                     "joined" if healthy else "left",
