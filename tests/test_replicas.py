@@ -145,6 +145,16 @@ def test_reads_spread_over_replicas_and_writes_go_to_the_primary(client: TestCli
     assert run.headers["X-Agentdb-Served-By"].startswith("replica")
 
 
+def test_the_sql_door_answers_the_same_on_every_replica(cluster: Cluster) -> None:
+    """An analyst's `agentdb.search` in psql runs read-only on a standby and returns the primary's rows."""
+    statement = "select * from agentdb.search('ops', %s, mode => 'lexical', top_k => 20)"
+    answers = []
+    for url in [cluster.primary, *cluster.replicas]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            answers.append([conn.execute(statement, (text,)).fetchall() for text in WORDS])
+    assert all(answers[0]) and answers[1] == answers[0] and answers[2] == answers[0]
+
+
 def test_a_bad_lsn_or_consistency_is_a_clear_error(client: TestClient) -> None:
     bad = client.get("/sources/ops/documents/d1", headers={"X-Agentdb-Min-LSN": "yesterday"})
     assert bad.status_code == 400
