@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import random
 import re
+import shutil
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -406,3 +407,29 @@ def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
     )
     hits = response.json()["hits"]
     assert hits and {h["_source"]["team"] for h in hits} == {"red"}
+
+
+def test_a_promoted_replica_leaves_the_rotation(cluster: Cluster) -> None:
+    """A third standby, promoted (a failover elsewhere): it no longer follows the primary, so /healthz calls it
+    a primary out of rotation and reads go to the standby left."""
+    third = start_standby(cluster.data_dir, 3)
+    try:
+        app = create_app(replace(_settings(cluster), replica_urls=(cluster.replicas[0], third.url())))
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            with psycopg.connect(third.url(), autocommit=True) as conn:
+                conn.execute("select pg_promote()")
+            health = _wait_rotation(client, 1)
+            assert [(r["name"], r["role"], r["in_rotation"]) for r in health] == [
+                ("replica1", "standby", True),
+                ("replica2", "primary", False),
+            ]
+            served = {
+                client.get("/sources/ops/documents/d3").headers["X-Agentdb-Served-By"] for _ in range(4)
+            }
+            assert served == {"replica1"}
+    finally:
+        stop_standby(next(s for s in list_standbys(cluster.data_dir) if s.number == 3))
+        shutil.rmtree(third.pgdata.parent)
+        with psycopg.connect(cluster.primary, autocommit=True) as conn:
+            conn.execute("select pg_drop_replication_slot(%s)", (third.slot,))
