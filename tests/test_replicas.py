@@ -35,6 +35,7 @@ from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
 from agentdb.db.server import start_embedded, stop_embedded
 from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
+from agentdb.memory import write_records
 from agentdb.sources import FieldSpec, create_document_source
 
 WORDS = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive"]
@@ -433,3 +434,36 @@ def test_a_promoted_replica_leaves_the_rotation(cluster: Cluster) -> None:
         shutil.rmtree(third.pgdata.parent)
         with psycopg.connect(cluster.primary, autocommit=True) as conn:
             conn.execute("select pg_drop_replication_slot(%s)", (third.slot,))
+
+
+def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recall updates the recalled memories' last-access times unless `touch=false`: the primary serves it,
+    a replica only the touch-free one. A retrieval that recalls hands itself to the primary before any work."""
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        written = write_records(
+            conn,
+            "notes",
+            [{"text": "the nightly backup runs at two", "importance": 7, "embedding": [0.1] * 384}],
+        )
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    fresh = {"X-Agentdb-Min-LSN": lsn}
+    look = client.get("/memory/notes", params={"touch": "false", "top_k": 3}, headers=fresh)
+    touch = client.get("/memory/notes", params={"top_k": 3})
+    assert look.status_code == touch.status_code == 200, (look.text, touch.text)
+    assert look.headers["X-Agentdb-Served-By"].startswith("replica")
+    assert touch.headers["X-Agentdb-Served-By"] == "primary"
+    ids = [c["id"] for c in look.json()["candidates"]]
+    assert ids == written.ids == [c["id"] for c in touch.json()["candidates"]]
+    with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
+        recalled = client.post(
+            "/agents/retrieval", json=search() | {"memory": {"stores": ["notes"]}}, headers=fresh
+        )
+    assert recalled.status_code == 200, recalled.text
+    assert recalled.headers["X-Agentdb-Served-By"] == "primary"
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert len(retries) == 1 and re.match(
+        r"retrying POST /agents/retrieval after replica[12] failed it", retries[0]
+    )
