@@ -35,7 +35,7 @@ from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
 from agentdb.db.server import start_embedded, stop_embedded
 from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
-from agentdb.memory import write_records
+from agentdb.memory import StoreSpec, write_records
 from agentdb.sources import FieldSpec, create_document_source
 
 WORDS = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive"]
@@ -447,6 +447,7 @@ def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
             conn,
             "notes",
             [{"text": "the nightly backup runs at two", "importance": 7, "embedding": [0.1] * 384}],
+            spec=StoreSpec(schema="notes"),
         )
         lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
     fresh = {"X-Agentdb-Min-LSN": lsn}
@@ -457,6 +458,18 @@ def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
     assert touch.headers["X-Agentdb-Served-By"] == "primary"
     ids = [c["id"] for c in look.json()["candidates"]]
     assert ids == written.ids == [c["id"] for c in touch.json()["candidates"]]
+    # A saved agent over the store searches it like a source (no recall, no touch): a replica runs it.
+    agent = {"name": "notes-agent", "source_kind": "name", "storage": "notes", "schema": "notes"}
+    agent |= {"retrieval_mode": "lexical"}
+    created = client.post("/agents", json=agent)
+    assert created.status_code == 201, created.text
+    run = client.post(
+        "/agents/notes-agent/run",
+        json={"input": "backup"},
+        headers={"X-Agentdb-Min-LSN": created.headers["X-Agentdb-LSN"]},
+    )
+    assert run.status_code == 200 and run.json()["hits"][0]["_id"] == written.ids[0], run.text
+    assert run.headers["X-Agentdb-Served-By"].startswith("replica")
     with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
         recalled = client.post(
             "/agents/retrieval", json=search() | {"memory": {"stores": ["notes"]}}, headers=fresh
