@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
-from agentdb.auth import create_principal
+from agentdb.auth import create_principal, delete_principal
 from agentdb.config import Settings
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
@@ -278,6 +279,22 @@ def test_a_replica_stopped_under_load_fails_no_request(cluster: Cluster, client:
     assert {"replica1", "replica2", "primary"} <= set(served)
 
 
+@contextmanager
+def _new_principal(cluster: Cluster, **grant: Any) -> Iterator[tuple[str, str]]:
+    """A principal on source `ops` created now: its key and the creation's WAL position. Deleted afterwards, so
+    that the module's server stays keyless for the other tests."""
+    name = f"p{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        _, key = create_principal(conn, name, tables=["ops"], **grant)
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    try:
+        yield key, lsn
+    finally:
+        with psycopg.connect(cluster.primary, autocommit=True) as conn:
+            delete_principal(conn, name)
+
+
 FILTERS = st.one_of(
     st.none(),
     st.builds(
@@ -301,27 +318,21 @@ def test_a_principal_reads_the_same_on_a_replica_as_on_the_primary(
 ) -> None:
     """A principal created a moment before (its role and row-security policies replicate physically): with the
     creation's WAL position its first read is served by a replica and sees exactly what the primary shows it."""
-    with psycopg.connect(cluster.primary, autocommit=True) as conn:
-        configure(conn)
-        name = f"p{uuid.uuid4().hex[:12]}"
-        _, key = create_principal(
-            conn, name, tables=["ops"], row_filter=row_filter, fields=["title", "text", "team"]
+    with _new_principal(cluster, row_filter=row_filter, fields=["title", "text", "team"]) as (key, lsn):
+        key_header = {"Authorization": f"Bearer {key}"}
+        text = " ".join(query)
+        on_replica = client.post(
+            "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Min-LSN": lsn}
         )
-        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
-    key_header = {"Authorization": f"Bearer {key}"}
-    text = " ".join(query)
-    on_replica = client.post(
-        "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Min-LSN": lsn}
-    )
-    on_primary = client.post(
-        "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Consistency": "primary"}
-    )
+        on_primary = client.post(
+            "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Consistency": "primary"}
+        )
+        fetched = [
+            client.get(f"/sources/ops/documents/d{doc}", headers=key_header | extra)
+            for extra in ({"X-Agentdb-Min-LSN": lsn}, {"X-Agentdb-Consistency": "primary"})
+        ]
     assert on_replica.headers["X-Agentdb-Served-By"].startswith("replica")
     assert on_replica.json()["hits"] == on_primary.json()["hits"]
-    fetched = [
-        client.get(f"/sources/ops/documents/d{doc}", headers=key_header | extra)
-        for extra in ({"X-Agentdb-Min-LSN": lsn}, {"X-Agentdb-Consistency": "primary"})
-    ]
     assert fetched[0].headers["X-Agentdb-Served-By"].startswith("replica")
     assert (fetched[0].status_code, fetched[0].json()) == (fetched[1].status_code, fetched[1].json())
 
@@ -385,13 +396,11 @@ def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
         try:
             for conn in paused:
                 conn.execute("select pg_wal_replay_pause()")
-            with psycopg.connect(cluster.primary, autocommit=True) as conn:
-                configure(conn)
-                row_filter = {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": "red"}}
-                _, key = create_principal(
-                    conn, f"late{uuid.uuid4().hex[:8]}", tables=["ops"], row_filter=row_filter
-                )
-            with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
+            row_filter = {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": "red"}}
+            with (
+                _new_principal(cluster, row_filter=row_filter) as (key, _),
+                caplog.at_level(logging.INFO, logger="agentdb.api.deps"),
+            ):
                 response = client.post(
                     "/agents/retrieval", json=search(), headers={"Authorization": f"Bearer {key}"}
                 )

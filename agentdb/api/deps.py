@@ -259,7 +259,10 @@ def _retry_elsewhere(request: Request, exc: Exception) -> bool:
     if isinstance(exc, psycopg.Error) and is_outage(exc):
         request.app.state.router.leave_rotation(replica, exc)
         request.state.failed_replicas = frozenset({replica.name})
-    elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction | Unauthorized):
+    elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction) or (
+        isinstance(exc, Unauthorized)
+        and request.headers.get("authorization")  # a key newer than the replica?
+    ):
         request.state.primary_only = True
     else:
         return False
