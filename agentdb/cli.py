@@ -31,6 +31,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         data_dir=getattr(args, "data_dir", None),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
+        replica_urls=tuple(args.replica) if getattr(args, "replica", None) else None,
     )
 
 
@@ -128,12 +129,24 @@ def cmd_start(args: argparse.Namespace) -> None:
         file=sys.stderr,
     )
     print(url)
+    if args.replicas:
+        from agentdb.db.standbys import start_standbys
+
+        for standby in start_standbys(data_dir, args.replicas):
+            print(
+                f"standby {standby.name} running in {standby.pgdata}; it stops with the server",
+                file=sys.stderr,
+            )
+            print(standby.url())
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
     from agentdb.db.server import stop_embedded
+    from agentdb.db.standbys import stop_standbys
 
     data_dir = _embedded_dir(args, "stop")
+    for standby in stop_standbys(data_dir):
+        print(f"stopped standby {standby.name} in {standby.pgdata}")
     result = stop_embedded(data_dir, force=args.force)
     where = data_dir.expanduser().resolve()
     if not result.was_running:
@@ -194,6 +207,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     except psycopg.OperationalError as exc:
         report["sources"] = None
         report["sources_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreachable"
+    report["replicas"] = _replica_lines(settings, url)
     if args.json:
         print(orjson.dumps(report).decode())
         return
@@ -228,8 +242,57 @@ def cmd_status(args: argparse.Namespace) -> None:
                 else "none",
             )
         )
+    for replica in report["replicas"]:
+        lag = "" if replica["lag_ms"] is None else f", replay lag {replica['lag_ms']:.0f} ms"
+        where = replica.get("data_dir") or replica["url"]
+        rotation = "in rotation" if replica["in_rotation"] else "out of rotation"
+        state = f"{replica['role']}{lag}, {rotation}" if replica["state"] == "running" else replica["state"]
+        lines.append((replica["name"], f"{state} ({where})"))
     for key, value in lines:
         print(f"{key.replace('_', ' ') + ':':11}{value}")
+
+
+def _replica_lines(settings: Settings, primary_url: str | None) -> list[dict[str, Any]]:
+    """The read replicas (configured, or the embedded server's standbys) with their role, replay lag and whether
+    a server would read from them now (one check against the primary's current WAL position)."""
+    from agentdb.db.replicas import ReadRouter
+    from agentdb.db.standbys import list_standbys
+
+    lines: list[dict[str, Any]] = []
+    if settings.replica_urls:
+        lines = [
+            {"name": f"replica{i}", "url": url, "state": "running"}
+            for i, url in enumerate(settings.replica_urls, 1)
+        ]
+    elif not settings.database_url:
+        for standby in list_standbys(settings.data_dir):
+            line: dict[str, Any] = {
+                "name": standby.name,
+                "data_dir": str(standby.pgdata),
+                "state": "running" if standby.running else "stopped",
+                "url": standby.url(),
+            }
+            if standby.postmaster is not None:
+                line |= {"pid": standby.postmaster.pid, "address": standby.postmaster.address}
+            lines.append(line)
+    running = [line for line in lines if line["state"] == "running"]
+    if primary_url and running:
+        router = ReadRouter(
+            primary_url,
+            [line["url"] for line in running],
+            max_lag_ms=settings.max_replica_lag_ms,
+            pools=False,
+        )
+        try:
+            router.check()
+            for line, status in zip(running, router.status(), strict=True):
+                line |= {k: v for k, v in vars(status).items() if k not in ("name", "url")}
+        finally:
+            router.close()
+    for line in lines:
+        for key in ("role", "replay_lsn", "lag_ms", "in_rotation"):
+            line.setdefault(key, None)
+    return lines
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
@@ -990,6 +1053,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_replica(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--replica",
+        action="append",
+        metavar="URL",
+        help="a streaming replica of the database that serves reads (repeatable; env AGENTDB_REPLICA_URLS, "
+        "comma-separated); default: the embedded server's standbys from `agentdb start --replicas N`",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentdb",
@@ -1009,6 +1082,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", cmd_serve, "serve the HTTP API (binds 127.0.0.1:8080 by default)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    _add_replica(p)
 
     p = command("demo", cmd_demo, "load the demo corpus (the PostgreSQL manual) if needed, then serve")
     p.add_argument("--host")
@@ -1021,11 +1095,19 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_db_url,
         "print a URL psql can use (starts the embedded server and keeps it up until `agentdb stop`)",
     )
-    command(
+    p = command(
         "start",
         cmd_start,
         "start the embedded server (or keep the running one) and keep it up until `agentdb stop`; "
         "prints its URL",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start N local streaming standbys (own data directories under the data directory, own ports, "
+        "stopped with the server); prints their URLs after the server's",
     )
     p = command(
         "stop",
@@ -1036,9 +1118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="stop it now even if agentdb processes use it (fast shutdown)"
     )
     p = command(
-        "status", cmd_status, "the embedded server: state, pid, socket, uptime, who keeps it up, sources"
+        "status",
+        cmd_status,
+        "the embedded server: state, pid, socket, uptime, who keeps it up, sources; the read replicas: role, "
+        "replay lag, rotation",
     )
     p.add_argument("--json", action="store_true")
+    _add_replica(p)
     p = command("sources", cmd_sources, "list the sources with their counts and fields")
     p.add_argument("--json", action="store_true")
 

@@ -14,6 +14,13 @@ class Settings:
     """Where the database is, where the embedded server keeps its data, and how to serve."""
 
     database_url: str | None = None
+    # Streaming replicas of DATABASE_URL (or of the embedded server) that serve reads.
+    replica_urls: tuple[str, ...] = ()
+    # A replica whose replay lags more than this leaves the rotation until it catches up.
+    max_replica_lag_ms: float = 1000.0
+    # How long a read that names a WAL position (min_lsn) waits for a replica to replay it before the primary
+    # serves it.
+    replica_wait_ms: float = 500.0
     data_dir: Path = field(default_factory=lambda: Path(".agentdb"))
     host: str = "127.0.0.1"
     port: int = 8080
@@ -42,6 +49,9 @@ class Settings:
         env = os.environ
         settings = cls(
             database_url=env.get("DATABASE_URL") or None,
+            replica_urls=_names(env.get("AGENTDB_REPLICA_URLS")),
+            max_replica_lag_ms=float(env.get("AGENTDB_MAX_REPLICA_LAG_MS", "1000")),
+            replica_wait_ms=float(env.get("AGENTDB_REPLICA_WAIT_MS", "500")),
             data_dir=Path(env["AGENTDB_DATA_DIR"])
             if env.get("AGENTDB_DATA_DIR")
             else find_data_dir(Path.cwd()),

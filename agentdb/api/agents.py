@@ -10,10 +10,10 @@ from pydantic import BaseModel, Field
 
 from agentdb import saved_agents
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalResponse
-from agentdb.api.deps import connection, principal
+from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
 from agentdb.auth import Principal
 
-router = APIRouter(tags=["agents"])
+router = APIRouter(tags=["agents"], route_class=DatabaseRoute)
 
 
 class RunRequest(BaseModel):
@@ -78,8 +78,8 @@ def run(
     name: str,
     body: RunRequest,
     http: Request,
-    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-    caller: Principal | None = Depends(principal),  # noqa: B008
+    conn: psycopg.Connection[Any] = Depends(read_connection),  # noqa: B008
+    caller: Principal | None = Depends(read_principal),  # noqa: B008
 ) -> RetrievalResponse:
     """Run the agent as the POST /agents/retrieval request its parameters make (its own `input` when set,
     else the run's input), under the running caller's grants; the answer has that endpoint's shape."""

@@ -21,13 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentdb import __version__
 from agentdb.api import agents, documents, indexes, memory, playground, retrieval
-from agentdb.api.deps import connection, guard_open_access, principal
+from agentdb.api.deps import DatabaseRoute, connection, guard_open_access, principal, routing_headers
 from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import open_pool
+from agentdb.db.replicas import ReadRouter
 from agentdb.embed import load_embedder
 from agentdb.errors import (
     AgentDBError,
@@ -54,10 +55,22 @@ class ErrorEnvelope(BaseModel):
     error: ErrorBody
 
 
+class ReplicaOut(BaseModel):
+    name: str
+    url: str
+    role: str
+    replay_lsn: str | None
+    lag_ms: float | None
+    in_rotation: bool
+    error: str | None = None
+
+
 class Health(BaseModel):
     status: str
     database: str
     version: str
+    # The read replicas (none configured: empty): role, replay lag and whether reads go to them.
+    replicas: list[ReplicaOut] = []
 
 
 class SourceOut(BaseModel):
@@ -96,9 +109,11 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
                 migrate(conn)
             app.state.pool = open_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
         else:
+            url = str(pool.conninfo)
             app.state.pool = pool
             with pool.connection() as conn:
                 migrate(conn)
+        app.state.router = open_router(url, replica_urls(settings, embedded=own_pool), settings)
         with app.state.pool.connection() as conn:
             guard_open_access(settings, any_principals(conn))
         worker = None
@@ -110,6 +125,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         finally:
             if worker is not None:
                 worker.stop()
+            if app.state.router is not None:
+                app.state.router.close()
             if own_pool:
                 app.state.pool.close()
 
@@ -122,6 +139,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         docs_url=None,  # served below from the swagger-ui-bundle package, not from a CDN
         redoc_url=None,
     )
+    app.router.route_class = DatabaseRoute
     app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
@@ -136,8 +154,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
 
     @app.exception_handler(AgentDBError)
     async def agentdb_error(request: Request, exc: AgentDBError) -> Response:
-        headers = {"Retry-After": "1"} if exc.http_status == 503 else None
-        return envelope(exc.to_dict(), exc.http_status, headers)
+        headers = {"Retry-After": "1"} if exc.http_status == 503 else {}
+        return envelope(exc.to_dict(), exc.http_status, headers | routing_headers(request))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -185,9 +203,15 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         return envelope(body, 500)
 
     @app.get("/healthz", response_model=Health)
-    def healthz(conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
+    def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
         row = conn.execute("select current_setting('server_version')").fetchone()
-        return Health(status="ok", database=f"PostgreSQL {row[0] if row else '?'}", version=__version__)
+        router = request.app.state.router
+        return Health(
+            status="ok",
+            database=f"PostgreSQL {row[0] if row else '?'}",
+            version=__version__,
+            replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
+        )
 
     @app.get("/sources/{name}", response_model=SourceOut)
     def source(
@@ -223,6 +247,33 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.include_router(playground.router)
     app.mount("/playground/static", playground.assets, name="playground")
     return app
+
+
+def replica_urls(settings: Settings, *, embedded: bool) -> tuple[str, ...]:
+    """The replicas to read from: those configured (AGENTDB_REPLICA_URLS, --replica), else, for the embedded
+    server this app started itself, its running standbys (`agentdb start --replicas N`)."""
+    if settings.replica_urls or not embedded or settings.database_url:
+        return settings.replica_urls
+    from agentdb.db.standbys import list_standbys
+
+    return tuple(s.url() for s in list_standbys(settings.data_dir))
+
+
+def open_router(primary_url: str, urls: tuple[str, ...], settings: Settings) -> ReadRouter | None:
+    """The read router over `urls` (None without replicas: every request goes to the primary)."""
+    if not urls:
+        return None
+    router = ReadRouter(
+        primary_url,
+        urls,
+        max_lag_ms=settings.max_replica_lag_ms,
+        wait_ms=settings.replica_wait_ms,
+        pool_min_size=settings.pool_min_size,
+        pool_max_size=settings.pool_max_size,
+    )
+    router.start()
+    log.info("reading from %d replicas", len(urls))
+    return router
 
 
 def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:

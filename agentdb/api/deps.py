@@ -1,23 +1,28 @@
-"""Request dependencies: a pooled connection with the statement timeout, and the calling principal."""
+"""Request dependencies: a pooled connection with the statement timeout (the primary's for a request that may
+write, a replica's when one may serve a read), and the calling principal."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from weakref import WeakKeyDictionary
 
 import psycopg
-from fastapi import Depends, Request, Security
+from fastapi import Depends, Header, Request, Response, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
 from agentdb.auth import Principal, any_principals, authenticate
 from agentdb.config import Settings
-from agentdb.errors import DatabaseSetupError, DatabaseUnavailable, Forbidden, is_outage
+from agentdb.db.replicas import ReadRouter, Replica, parse_lsn
+from agentdb.errors import DatabaseSetupError, DatabaseUnavailable, Forbidden, Unauthorized, is_outage
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +61,13 @@ def _getconn(pool: ConnectionPool) -> psycopg.Connection[Any]:
 
 
 @contextmanager
-def _checkout(pool: ConnectionPool, timeout_ms: int) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
+def _checkout(
+    pool: ConnectionPool, timeout_ms: int, attempts: int = FIRST_STATEMENT_ATTEMPTS
+) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
     """A pooled connection with the statement timeout, and whether any principal exists. That question is the
     request's first statement, so it also finds a connection broken since the pool last probed it (a server
-    restart): such a one is discarded and the question asked on another."""
-    for attempt in range(FIRST_STATEMENT_ATTEMPTS):
+    restart): such a one is discarded and the question asked on another, up to `attempts` connections."""
+    for attempt in range(attempts):
         conn = _getconn(pool)
         try:
             if _timeouts.get(conn) != timeout_ms:
@@ -69,7 +76,7 @@ def _checkout(pool: ConnectionPool, timeout_ms: int) -> Iterator[tuple[psycopg.C
             has_principals = any_principals(conn)
         except psycopg.OperationalError:
             pool.putconn(conn)  # a broken connection is discarded by the pool
-            if not conn.broken or attempt == FIRST_STATEMENT_ATTEMPTS - 1:
+            if not conn.broken or attempt == attempts - 1:
                 raise
             continue
         except BaseException:
@@ -82,14 +89,102 @@ def _checkout(pool: ConnectionPool, timeout_ms: int) -> Iterator[tuple[psycopg.C
         return
 
 
+# Read-your-writes and routing, as request headers of the read endpoints and response headers of all.
+MIN_LSN_HEADER = "X-Agentdb-Min-LSN"
+CONSISTENCY_HEADER = "X-Agentdb-Consistency"
+LSN_HEADER = "X-Agentdb-LSN"
+SERVED_BY_HEADER = "X-Agentdb-Served-By"
+# Requests that change nothing a client would read back (a GET may touch last-access times): no LSN for them.
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+MinLsn = Annotated[
+    str | None,
+    Header(
+        alias=MIN_LSN_HEADER,
+        description="the X-Agentdb-LSN of an earlier write: a replica serves this read only once it has "
+        "replayed that far (it is waited for a bounded time), else the primary does",
+    ),
+]
+Consistency = Annotated[
+    Literal["any", "primary"] | None,
+    Header(
+        alias=CONSISTENCY_HEADER,
+        description='"primary" reads from the primary; "any" (default) from a replica',
+    ),
+]
+
+
+@dataclass(frozen=True)
+class ReadWish:
+    """What a read asks of the server that serves it."""
+
+    min_lsn: int | None = None
+    primary: bool = False
+
+    @classmethod
+    def from_headers(cls, min_lsn: str | None, consistency: str | None) -> ReadWish:
+        return cls(
+            min_lsn=None if min_lsn is None else parse_lsn(min_lsn, MIN_LSN_HEADER.lower()),
+            primary=consistency == "primary",
+        )
+
+
+def _replica_checkout(
+    request: Request, router: ReadRouter, wish: ReadWish, timeout_ms: int
+) -> tuple[ExitStack, psycopg.Connection[Any], bool] | None:
+    """A connection to a replica that may serve this read (held by the returned stack), or None: the primary
+    serves it. A replica that fails here leaves the rotation and the next is tried; a replica that has not
+    replayed `min_lsn` is waited for, up to the router's bound, once."""
+    excluded: frozenset[str] = getattr(request.state, "failed_replicas", frozenset())
+    for replica in router.candidates(wish.min_lsn, excluded):
+        assert replica.pool is not None
+        stack = ExitStack()
+        try:
+            conn, has_principals = stack.enter_context(_checkout(replica.pool, timeout_ms, attempts=1))
+            if wish.min_lsn is not None and (replica.replay_lsn or 0) < wish.min_lsn:
+                started = time.monotonic()
+                reached = router.wait_for(replica, conn, wish.min_lsn, started + router.wait_ms / 1000)
+                request.state.lsn_wait_ms = (time.monotonic() - started) * 1000
+                if not reached:
+                    stack.close()
+                    return None
+        except (psycopg.OperationalError, PoolTimeout, DatabaseUnavailable) as exc:
+            stack.close()
+            router.leave_rotation(replica, exc)
+            continue
+        except BaseException:
+            stack.close()
+            raise
+        request.state.replica = replica
+        return stack, conn, has_principals
+    return None
+
+
 @contextmanager
-def request_connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
-    """A connection from the pool for one request, with the statement timeout; 503 (with Retry-After) when none
-    is free or the database is down. Errors of the request itself (bad input, a statement timeout) pass
-    through. Whether principals exist is read on it and kept for `request_principal`."""
+def request_connection(request: Request, wish: ReadWish | None = None) -> Iterator[psycopg.Connection[Any]]:
+    """A connection for one request, with the statement timeout; 503 (with Retry-After) when none is free or
+    the database is down. Errors of the request itself (bad input, a statement timeout) pass through. Whether
+    principals exist is read on it and kept for `request_principal`.
+
+    With a `wish` the request only reads: a replica serves it when one is in rotation (and has replayed
+    `wish.min_lsn`), else the primary. Without one it may write: the primary serves it, and the response to
+    a POST, PUT, PATCH or DELETE carries the primary's WAL position afterwards (`X-Agentdb-LSN`)."""
     settings = request.app.state.settings
+    router: ReadRouter | None = request.app.state.router
+    request.state.replica = None
     try:
-        with _checkout(request.app.state.pool, settings.statement_timeout_ms) as (conn, has_principals):
+        with ExitStack() as stack:
+            found = None
+            if wish is not None and router is not None and not wish.primary and not _primary_only(request):
+                found = _replica_checkout(request, router, wish, settings.statement_timeout_ms)
+            if found is not None:
+                inner, conn, has_principals = found
+                stack.enter_context(inner)
+            else:
+                conn, has_principals = stack.enter_context(
+                    _checkout(request.app.state.pool, settings.statement_timeout_ms)
+                )
+                if wish is None:
+                    request.state.write_connection = conn
             request.state.any_principals = has_principals
             yield conn
     except PoolTimeout as exc:
@@ -100,10 +195,106 @@ def request_connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
 
 
+def _primary_only(request: Request) -> bool:
+    return bool(getattr(request.state, "primary_only", False))
+
+
+def read_pool(request: Request) -> ConnectionPool:
+    """The pool of the server that serves this read (a stream takes its own connection from it)."""
+    replica: Replica | None = getattr(request.state, "replica", None)
+    return replica.pool if replica is not None and replica.pool is not None else request.app.state.pool
+
+
 def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
-    """`request_connection` as a dependency."""
+    """`request_connection` as a dependency: a connection to the primary, for a request that may write."""
     with request_connection(request) as conn:
         yield conn
+
+
+def read_connection(
+    request: Request, min_lsn: MinLsn = None, consistency: Consistency = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """`request_connection` as a dependency for a request that only reads: a replica's when one may serve it."""
+    with request_connection(request, ReadWish.from_headers(min_lsn, consistency)) as conn:
+        yield conn
+
+
+class DatabaseRoute(APIRoute):
+    """A route whose response says which server served it and, after a write, the primary's WAL position; a
+    read that lost its replica (stopped, or a connection broken) is run again once on another server, and a
+    read a replica cannot serve (it turned out to write, or the key is newer than the replica) on the
+    primary."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                if not _retry_elsewhere(request, exc):
+                    raise
+                response = await handler(request)
+            await _label(request, response)
+            return response
+
+        return handle
+
+
+class NeedsPrimary(Exception):  # noqa: N818 - a signal to DatabaseRoute, never an error response
+    """Raised by a read that learns, once it has its request, that it will write: run it on the primary."""
+
+
+def require_primary(request: Request) -> None:
+    """Hand this read to the primary if a replica was chosen for it (DatabaseRoute runs it again there)."""
+    if getattr(request.state, "replica", None) is not None:
+        raise NeedsPrimary
+
+
+def _retry_elsewhere(request: Request, exc: Exception) -> bool:
+    """Whether the read failed because of the replica that served it, and may run again elsewhere (once)."""
+    replica: Replica | None = getattr(request.state, "replica", None)
+    if replica is None or getattr(request.state, "retried", False):
+        return False
+    if isinstance(exc, psycopg.Error) and is_outage(exc):
+        request.app.state.router.leave_rotation(replica, exc)
+        request.state.failed_replicas = frozenset({replica.name})
+    elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction) or (
+        isinstance(exc, Unauthorized)
+        and request.headers.get("authorization")  # a key newer than the replica?
+    ):
+        request.state.primary_only = True
+    else:
+        return False
+    log.info("retrying %s %s after %s failed it: %s", request.method, request.url.path, replica.name, exc)
+    request.state.retried = True
+    return True
+
+
+async def _label(request: Request, response: Response) -> None:
+    response.headers.update(routing_headers(request))
+    writer: psycopg.Connection[Any] | None = getattr(request.state, "write_connection", None)
+    if writer is not None and response.status_code < 400 and request.method not in SAFE_METHODS:
+        response.headers[LSN_HEADER] = await run_in_threadpool(_position, writer)
+
+
+def routing_headers(request: Request) -> dict[str, str]:
+    """Which server served the request (when it reached one), and how long it waited for a replica to replay
+    the read's `min_lsn` (also when the wait ran out and the primary served it); for error responses too."""
+    replica: Replica | None = getattr(request.state, "replica", None)
+    if replica is None and not hasattr(request.state, "any_principals"):
+        return {}
+    waited = getattr(request.state, "lsn_wait_ms", None)
+    timing = {} if waited is None else {"Server-Timing": f"lsn-wait;dur={waited:.1f}"}
+    return {SERVED_BY_HEADER: "primary" if replica is None else replica.name, **timing}
+
+
+def _position(conn: psycopg.Connection[Any]) -> str:
+    """The primary's WAL position after the request's writes committed: a replica that has replayed it sees
+    them."""
+    row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 # Declares the bearer scheme in the OpenAPI document; the header itself is read by `authenticate`, which
@@ -120,20 +311,32 @@ def principal(
     return request_principal(request, conn)
 
 
+def read_principal(
+    request: Request,
+    conn: psycopg.Connection[Any] = Depends(read_connection),  # noqa: B008
+    _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
+) -> Principal | None:
+    """`request_principal` on the read's connection, as a dependency."""
+    return request_principal(request, conn)
+
+
 async def request_scope(
     request: Request,
+    min_lsn: MinLsn = None,
+    consistency: Consistency = None,
     _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
 ) -> AsyncIterator[tuple[psycopg.Connection[Any], Principal | None]]:
-    """`connection` and `principal` in one: a pooled connection and the authenticated caller, for a route that
-    does its blocking work in one call to the thread pool. Checkout and authentication take one hop to the
-    pool's threads (as two sync dependencies they take three), and run before the body is validated, as
+    """`read_connection` and `read_principal` in one: a connection for a read and the authenticated caller, for
+    a route that does its blocking work in one call to the thread pool. Checkout and authentication take one hop
+    to the pool's threads (as two sync dependencies they take three), and run before the body is validated, as
     with those dependencies; the connection goes back on the event loop (a put needs no I/O). Declare it with
     `scope="function"` so that it is back before a streamed response starts."""
+    wish = ReadWish.from_headers(min_lsn, consistency)
     stack = ExitStack()
 
     def enter() -> tuple[psycopg.Connection[Any], Principal | None]:
         with ExitStack() as attempt:
-            conn = attempt.enter_context(request_connection(request))
+            conn = attempt.enter_context(request_connection(request, wish))
             caller = request_principal(request, conn)
             stack.push(attempt.pop_all())
             return conn, caller

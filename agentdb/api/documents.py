@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.api.deps import connection, principal
+from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
 from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
@@ -24,7 +24,7 @@ from agentdb.ingest.readers import Located
 from agentdb.reader import read
 from agentdb.sources import FieldSpec, Source, get_source
 
-router = APIRouter(tags=["documents"])
+router = APIRouter(tags=["documents"], route_class=DatabaseRoute)
 
 
 class IngestOut(BaseModel):
@@ -195,8 +195,8 @@ class DocumentOut(BaseModel):
 def get_document(
     name: str,
     doc_id: str,
-    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-    caller: Principal | None = Depends(principal),  # noqa: B008
+    conn: psycopg.Connection[Any] = Depends(read_connection),  # noqa: B008
+    caller: Principal | None = Depends(read_principal),  # noqa: B008
 ) -> DocumentOut:
     """A document's chunks in order, under the caller's row security and field grant (404 when not visible)."""
     fields = None

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.api.deps import connection, principal
+from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
 from agentdb.auth import Principal, check_table, check_tool, read_scope
 from agentdb.errors import Forbidden, InvalidParamValue
 from agentdb.indexes import (
@@ -32,7 +32,7 @@ from agentdb.indexes import (
     neighbors,
 )
 
-router = APIRouter(tags=["indexes"])
+router = APIRouter(tags=["indexes"], route_class=DatabaseRoute)
 
 
 class IndexIn(BaseModel):
@@ -240,8 +240,8 @@ def node_neighbors(
     direction: Literal["out", "in", "both"] = "out",
     edge_type: list[str] | None = Query(default=None, description="repeatable; default any"),  # noqa: B008
     max: int = Query(default=8, ge=1, le=256),  # noqa: A002
-    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-    caller: Principal | None = Depends(principal),  # noqa: B008
+    conn: psycopg.Connection[Any] = Depends(read_connection),  # noqa: B008
+    caller: Principal | None = Depends(read_principal),  # noqa: B008
 ) -> list[NeighborOut]:
     """The neighbours of document `key` the caller may read (agentdb.neighbors): `out` gives a tree node's
     children, `in` its parent. Needs the tool tree_search (tree) or graph_search (graph)."""

@@ -9,15 +9,27 @@ found (404), exactly as a store that does not exist. Store names may be template
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import orjson
 import psycopg
-from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 
-from agentdb.api.deps import connection, principal
+from agentdb.api.deps import (
+    BEARER,
+    Consistency,
+    DatabaseRoute,
+    MinLsn,
+    ReadWish,
+    connection,
+    principal,
+    request_connection,
+    request_principal,
+)
 from agentdb.auth import Principal, check_tool
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, parse_params
@@ -43,7 +55,7 @@ from agentdb.memory import (
     write_relations,
 )
 
-router = APIRouter(tags=["memory"])
+router = APIRouter(tags=["memory"], route_class=DatabaseRoute)
 
 _SPEC_KEYS = ("fields", "schema", "single_valued")
 _MODEL_KEYS = ("score_importance", "extract_graph", "generator")
@@ -224,6 +236,25 @@ class RecallOut(RecallResult):
     memory: AssembledMemory | None = None
 
 
+def recall_connection(
+    request: Request, touch: bool = True, min_lsn: MinLsn = None, consistency: Consistency = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """A recall that touches its records (the default) writes their last-access times, on the primary; one
+    that does not (`touch=false`) only reads, and a replica may serve it."""
+    wish = None if touch else ReadWish.from_headers(min_lsn, consistency)
+    with request_connection(request, wish) as conn:
+        yield conn
+
+
+def recall_principal(
+    request: Request,
+    conn: psycopg.Connection[Any] = Depends(recall_connection),  # noqa: B008
+    _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
+) -> Principal | None:
+    """`request_principal` on the recall's connection, as a dependency."""
+    return request_principal(request, conn)
+
+
 @router.get("/memory/{store}", response_model=RecallOut)
 def recall_memory(
     store: str,
@@ -244,8 +275,8 @@ def recall_memory(
     as_of: datetime | None = None,
     filter: str | None = Query(None, max_length=1_000_000, description="a metadata filter as JSON"),
     max_tokens: int | None = Query(None, ge=50, le=100_000),
-    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-    caller: Principal | None = Depends(principal),  # noqa: B008
+    conn: psycopg.Connection[Any] = Depends(recall_connection),  # noqa: B008
+    caller: Principal | None = Depends(recall_principal),  # noqa: B008
 ) -> RecallOut:
     """Recall: entry nodes (entity names in the query, nearest entities), traversal, and the top memories
     ranked by recency + importance + relevance with each candidate's three terms; `ranked_by` says which

