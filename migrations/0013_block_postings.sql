@@ -1,7 +1,7 @@
 -- Block postings: a second layout of a source's lexical index, chosen per source (agentdb.sources.lexical_layout).
 --   'rows'   one row of agentdb.postings per term and chunk (the layout so far, and the default);
 --   'blocks' one row of agentdb.posting_blocks per term and block of up to 128 chunks: the chunks' ids as int4
---            offsets from the block's first chunk (ascending), their term frequencies (int2: a tsvector keeps at
+--            offsets from the block's first chunk, their term frequencies (int2: a tsvector keeps at
 --            most 256 positions a lexeme) and their lengths, with the block's largest term frequency and
 --            shortest chunk: about 10 bytes a posting instead of about 130.
 -- A block holds the postings one write added (a statement's rows, cut into blocks of 128 per term); removals
