@@ -1,14 +1,16 @@
-"""Latency against corpus size: lexical, dense and hybrid retrieval at top_k 10 on synthetic chunks.
+"""Latency against corpus size: lexical, dense and hybrid retrieval at top_k 10, two corpora, two lexical layouts.
 
-    .venv/bin/python bench/scale.py                      # 100k and 1M chunks
-    .venv/bin/python bench/scale.py --sizes 100000       # one size
+    .venv/bin/python bench/scale.py                      # 100k and 1M chunks, both corpora and layouts
+    .venv/bin/python bench/scale.py --sizes 100000 --corpus scifact-text --layouts blocks
 
-Each size gets its own database (`bench_scale_<size>`) on an embedded server in bench/.cache/scale, holding one
-document source with `size` single-chunk documents: synthetic text (words sampled from SciFact's unigram
-distribution, or from a Zipfian pseudo-vocabulary when SciFact is absent) and seeded random unit vectors
-(384 dims). Rows are loaded with COPY in batches, so agentdb's statement triggers build the BM25 postings as
-they would for any writer; the HNSW index is dropped before the load and rebuilt after it with the same
-definition. Then 200 queries per mode are timed. A benchmark, not a test.
+Each corpus and size gets its own database (`bench_scale_<size>`, `bench_scale_text_<size>`) on an embedded
+server in bench/.cache/scale, holding one document source with `size` single-chunk documents and seeded random
+unit vectors (384 dims): synthetic text (words sampled independently from SciFact's unigram distribution, or
+from a Zipfian pseudo-vocabulary when SciFact is absent), or real text (SciFact sentences of an abstract and its
+most related abstracts). Rows are loaded with COPY in batches, so agentdb's statement triggers build the lexical
+index in the first layout of --layouts as they would for any writer; the blocks are merged, the HNSW index is
+dropped before the load and rebuilt after it with the same definition. Each further layout is rebuilt on the
+same rows. Then 200 SciFact queries per mode are timed. A benchmark, not a test.
 """
 
 from __future__ import annotations
