@@ -519,6 +519,17 @@ def cmd_check(args: argparse.Namespace) -> None:
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
 
 
+def cmd_optimize(args: argparse.Namespace) -> None:
+    from agentdb.sources import optimize_source
+
+    with _connect(args) as conn:
+        before, after = optimize_source(conn, args.source, layout=args.layout)
+        layout = conn.execute(
+            "select lexical_layout from agentdb.sources where name = %s", (args.source,)
+        ).fetchone()
+    print(f"{args.source}: {layout[0] if layout else '?'} layout; posting blocks {before:,} -> {after:,}")
+
+
 def cmd_index_create(args: argparse.Namespace) -> None:
     from agentdb.indexes import create_index, create_index_from_file
 
@@ -1209,6 +1220,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("check", cmd_check, "verify that postings and statistics match the documents")
     p.add_argument("source")
     p.add_argument("--repair", action="store_true", help="rebuild the lexical index when it does not match")
+
+    p = command(
+        "optimize", cmd_optimize, "merge a source's partly filled posting blocks (or change its layout)"
+    )
+    p.add_argument("source")
+    p.add_argument(
+        "--layout",
+        choices=["rows", "blocks"],
+        help="store the BM25 postings as one row per term and chunk, or in blocks of 128 chunks per term",
+    )
 
     help_text = "hierarchy and graph indexes over a source: trees, graphs and explicit edges"
     p = sub.add_parser("index", help=help_text, description=help_text)

@@ -107,6 +107,9 @@ class Source(BaseModel):
     chunk_overlap: int
     # The embedding backends that computed its stored vectors (agentdb.embed); empty when not known.
     embedding_backends: list[str] = Field(default_factory=list)
+    # How the BM25 postings are stored (migrations/0013_block_postings.sql): a row per term and chunk, or
+    # blocks of up to 128 chunks per term (compact, faster to load and search; not readable by principals).
+    lexical_layout: Literal["rows", "blocks"] = "rows"
 
     def field(self, name: str) -> FieldSpec | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -131,7 +134,7 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
     " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
-    " embedding_backends"
+    " embedding_backends, lexical_layout"
     " from agentdb.sources"
 )
 
@@ -187,11 +190,11 @@ def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
-        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap)"
+        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s) returning id",
-        values,
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s) returning id",
+        {"lexical_layout": "rows", **values},
     ).fetchone()
     assert row is not None
     conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
@@ -214,8 +217,10 @@ def create_document_source(
     bm25_b: float = 0.75,
     chunk_size: int = 256,
     chunk_overlap: int = 32,
+    lexical_layout: Literal["rows", "blocks"] = "rows",
 ) -> Source:
-    """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers."""
+    """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
+    postings are kept in `lexical_layout` ('rows', or 'blocks': see Source.lexical_layout)."""
     check_source_name(name)
     if chunk_overlap >= chunk_size:
         raise InvalidParamValue("chunk_overlap must be smaller than chunk_size", path="chunk_overlap")
@@ -244,6 +249,7 @@ def create_document_source(
                 "bm25_b": bm25_b,
                 "chunk_size": chunk_size,
                 "chunk_overlap": chunk_overlap,
+                "lexical_layout": lexical_layout,
             },
         )
         source = get_source(conn, name)
@@ -507,3 +513,17 @@ def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, in
         sql.SQL("select count(distinct {}), count(*) from {}").format(sql.Identifier(column), source.table)
     ).fetchone()
     return {"documents": int(row[0]), "chunks": int(row[1])} if row else {"documents": 0, "chunks": 0}
+
+
+def optimize_source(
+    conn: psycopg.Connection[Any], name: str, *, layout: Literal["rows", "blocks"] | None = None
+) -> tuple[int, int]:
+    """Move a source's lexical index to `layout` when given (rebuilt from its rows), then merge its partly
+    filled posting blocks. Returns the number of blocks before and after the merge (0, 0 for 'rows')."""
+    from agentdb.db import run_sql
+
+    with conn.transaction():
+        if layout is not None:
+            run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, %(l)s)", {"s": name, "l": layout})
+        ((before, after),) = run_sql(conn, "select * from agentdb.lexical_optimize(%(s)s)", {"s": name})
+    return int(before), int(after)

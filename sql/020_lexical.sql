@@ -9,6 +9,13 @@
 -- The same triggers keep the field-derived edges of the source's hierarchy and graph indexes current
 -- (agentdb_internal.index_sync_sql, sql/070_indexes.sql), after the lexical index, in the same transaction.
 
+-- Two layouts (agentdb.sources.lexical_layout, migrations/0013_block_postings.sql): 'rows' keeps one row of
+-- agentdb.postings per term and chunk; 'blocks' one row of agentdb.posting_blocks per term and block of up to
+-- 128 chunks. A write adds its rows' postings as new blocks (each statement's postings of a term cut into
+-- blocks of 128 in chunk order); a removal rewrites the blocks that held the removed chunks (exact bounds
+-- again); agentdb.lexical_optimize merges a term's partly filled blocks. Readers go through
+-- agentdb_internal.term_postings, which serves either layout.
+
 -- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
 -- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
@@ -21,18 +28,66 @@ declare
     f regprocedure;
 begin
     for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace and p.prorettype <> 'trigger'::regtype
-               and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check')
+             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
+               and p.prorettype <> 'trigger'::regtype
+               and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check',
+                                 'lexical_optimize', 'lexical_set_layout', 'term_postings', 'block_sql')
     loop
         execute format('drop function %s', f);
     end loop;
 end;
 $$;
 
--- The statements that add the postings and statistics of the rows of relation `rel` (a transition
--- table inside a trigger, or a whole source table when rebuilding). Returned as text because only the
--- trigger function itself can see its transition tables; $1 is the source id.
-create or replace function agentdb.lexical_add_sql(rel text) returns text[]
+-- The postings of the named `terms` of source `source_id`, whichever its layout: (term, chunk_id, tf, dl).
+-- Inlined into the caller's statement (a plain SQL function), so the caller's row security applies to the
+-- row postings; principals' roles see no blocks (migrations/0013_block_postings.sql). A block's arrays are
+-- unnested in the select list, in lockstep (equal lengths): measured 2.3x faster than unnest(a, b, c) in
+-- FROM, which materialises each block's rows first.
+create or replace function agentdb_internal.term_postings(source_id int, terms text[])
+returns table (term text, chunk_id bigint, tf int, dl int)
+language sql stable as $$
+select p.term, p.chunk_id, p.tf, p.dl from agentdb.postings p where p.source_id = $1 and p.term = any ($2)
+union all
+select u.term, u.first_chunk + u.off, u.tf::int, u.dl
+from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+      from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
+$$;
+
+-- The statement text that turns relation `rel` of postings (term, chunk_id, tf, dl; at most one per term and
+-- chunk), grouped by term and the expression `grp` over alias e ('' for none), into blocks of source $1
+-- inserted into agentdb.posting_blocks, as a CTE list ending in `blocks` (term, first_chunk, last_chunk,
+-- max_tf, min_dl, n): the caller adds its own final statement over `blocks`. Each group's postings are cut
+-- into blocks of 128: in chunk order when `sorted` (a merge, so that blocks cover narrow chunk ranges), else
+-- in the order `rel` yields them (a write: its rows come in the order of their ids, so the same in practice,
+-- without sorting; hashing by term is 1.7x faster, measured). Nothing relies on that order but the width of
+-- a block's chunk range (term_stats.max_span, which lookups read).
+create or replace function agentdb_internal.block_sql(rel text, grp text, sorted boolean) returns text
+language sql immutable as $$
+select format($q$
+    per_term as (
+        select e.term, array_agg(e.chunk_id %3$s) as ids, array_agg(e.tf::int2 %3$s) as tfs,
+               array_agg(e.dl %3$s) as dls, count(*) as n
+        from %1$s e group by e.term%2$s
+    ), cut as (
+        select p.term, p.ids[i * 128 + 1 : i * 128 + 128] as ids, p.tfs[i * 128 + 1 : i * 128 + 128] as tfs,
+               p.dls[i * 128 + 1 : i * 128 + 128] as dls
+        from per_term p cross join lateral generate_series(0, (p.n - 1) / 128) as i
+    ), blocks as (
+        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
+        select $1, c.term, m.lo, m.hi, m.max_tf, m.min_dl,
+               (select array_agg((u.id - m.lo)::int4) from unnest(c.ids) u(id)), c.tfs, c.dls
+        from cut c cross join lateral (
+            select min(u.id) as lo, max(u.id) as hi, max(u.tf) as max_tf, min(u.dl) as min_dl
+            from unnest(c.ids, c.tfs, c.dls) as u(id, tf, dl)) m
+        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
+    ) $q$, rel, case when grp = '' then '' else ', ' || grp end,
+    case when sorted then 'order by e.chunk_id' else '' end)
+$$;
+
+-- The statements that add the postings and statistics of the rows of relation `rel` (a transition table
+-- inside a trigger, or a whole source table when rebuilding) to a source of layout `layout`. Returned as
+-- text because only the trigger function itself can see its transition tables; $1 is the source id.
+create or replace function agentdb.lexical_add_sql(rel text, layout text) returns text[]
 language sql immutable as $$
 select array[
     format($q$
@@ -43,7 +98,7 @@ select array[
     on conflict (source_id) do update
         set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len
     $q$, rel),
-    format($q$
+    case when layout = 'rows' then format($q$
     with entries as (
         select n.agentdb_chunk_id as chunk_id, t.lexeme as term,
                coalesce(cardinality(t.positions), 1) as tf
@@ -61,6 +116,20 @@ select array[
         set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
             min_dl = least(s.min_dl, excluded.min_dl)
     $q$, rel)
+    else format($q$
+    with postings as (
+        select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl
+        from %s n
+        cross join lateral (select sum(coalesce(cardinality(x.positions), 1))::int as dl from unnest(n.agentdb_tsv) x) l
+        cross join lateral unnest(n.agentdb_tsv) as t
+    ), %s
+    insert into agentdb.term_stats as s (source_id, term, df, max_tf, min_dl, max_span)
+    select $1, term, sum(n), max(max_tf), min(min_dl), max(last_chunk - first_chunk) from blocks group by term
+    order by term
+    on conflict (source_id, term) do update
+        set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
+            min_dl = least(s.min_dl, excluded.min_dl), max_span = greatest(s.max_span, excluded.max_span)
+    $q$, rel, agentdb_internal.block_sql('postings', '', false)) end
 ];
 $$;
 
@@ -69,7 +138,8 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
-    foreach stmt in array agentdb.lexical_add_sql('new_rows') loop
+    foreach stmt in array agentdb.lexical_add_sql('new_rows', (select s.lexical_layout from agentdb.sources s
+                                                                where s.id = TG_ARGV[0]::int)) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'insert') loop
@@ -79,8 +149,10 @@ begin
 end;
 $$;
 
--- The statements that remove the postings and statistics of the rows of relation `rel`; $1 is the source id.
-create or replace function agentdb.lexical_remove_sql(rel text) returns text[]
+-- The statements that remove the postings and statistics of the rows of relation `rel` from a source of
+-- layout `layout`; $1 is the source id. Blocks that held a removed chunk are rewritten without it (their
+-- bounds recomputed; an emptied block goes); the term bounds stay (still valid, maybe loose).
+create or replace function agentdb.lexical_remove_sql(rel text, layout text) returns text[]
 language sql immutable as $$
 select array[
     format($q$
@@ -93,7 +165,7 @@ select array[
     ) o
     where c.source_id = $1
     $q$, rel),
-    format($q$
+    case when layout = 'rows' then format($q$
     with gone as (
         delete from agentdb.postings p
         using %s o cross join lateral unnest(o.agentdb_tsv) as t
@@ -103,7 +175,26 @@ select array[
     update agentdb.term_stats s set df = s.df - g.n
     from (select term, count(*) as n from gone group by term order by term) g
     where s.source_id = $1 and s.term = g.term
-    $q$, rel),
+    $q$, rel)
+    else format($q$
+    with gone as materialized (
+        select o.agentdb_chunk_id as chunk_id, t.lexeme as term from %s o cross join lateral unnest(o.agentdb_tsv) as t
+    ), ranges as (
+        select term, min(chunk_id) as lo, max(chunk_id) as hi, count(*) as n from gone group by term
+    ), hit as (
+        delete from agentdb.posting_blocks b using ranges r
+        where b.source_id = $1 and b.term = r.term and b.first_chunk <= r.hi and b.last_chunk >= r.lo
+        returning b.term, b.first_chunk, b.offs, b.tfs, b.dls
+    ), kept as (
+        select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl, u.first_chunk as old_first
+        from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
+              from hit h) u
+        where not exists (select 1 from gone g where g.term = u.term and g.chunk_id = u.first_chunk + u.off)
+    ), %s
+    update agentdb.term_stats s set df = s.df - r.n
+    from (select term, n from ranges order by term) r
+    where s.source_id = $1 and s.term = r.term
+    $q$, rel, agentdb_internal.block_sql('kept', 'e.old_first', false)) end,
     'delete from agentdb.term_stats where source_id = $1 and df <= 0'
 ];
 $$;
@@ -113,7 +204,8 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql('old_rows') loop
+    foreach stmt in array agentdb.lexical_remove_sql('old_rows', (select s.lexical_layout from agentdb.sources s
+                                                                   where s.id = TG_ARGV[0]::int)) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'delete') loop
@@ -129,15 +221,16 @@ create or replace function agentdb.lexical_after_update() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
+    layout text := (select s.lexical_layout from agentdb.sources s where s.id = TG_ARGV[0]::int);
 begin
     foreach stmt in array agentdb.lexical_remove_sql(
         '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)') loop
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb.lexical_add_sql(
         '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)') loop
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'update') loop
@@ -156,6 +249,7 @@ declare
 begin
     update agentdb.corpus_stats set n_chunks = 0, total_len = 0 where source_id = src;
     delete from agentdb.postings where source_id = src;
+    delete from agentdb.posting_blocks where source_id = src;
     delete from agentdb.term_stats where source_id = src;
     foreach stmt in array agentdb_internal.index_sync_sql(src, 'truncate') loop
         execute stmt using src;
@@ -177,8 +271,10 @@ begin
     end if;
     delete from agentdb.corpus_stats where source_id = src.id;
     delete from agentdb.postings where source_id = src.id;
+    delete from agentdb.posting_blocks where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
-    foreach stmt in array agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name)) loop
+    foreach stmt in array agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name),
+                                                  src.lexical_layout) loop
         execute stmt using src.id;
     end loop;
     insert into agentdb.corpus_stats (source_id) values (src.id) on conflict do nothing;
@@ -207,29 +303,113 @@ begin
             select e.term, e.chunk_id, e.tf, sum(e.tf) over (partition by e.chunk_id)::int as dl from entries e
         ), actual as (
             select term, chunk_id, tf, dl from agentdb.postings where source_id = $1
+            union all
+            select u.term, u.first_chunk + u.off, u.tf, u.dl
+            from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+                  from agentdb.posting_blocks b where b.source_id = $1) u
+        ), block_contents as (
+            select b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls,
+                   (select min(o) from unnest(b.offs) o) as min_off, (select max(o) from unnest(b.offs) o) as max_off,
+                   (select max(t) from unnest(b.tfs) t) as top_tf, (select min(d) from unnest(b.dls) d) as low_dl
+            from agentdb.posting_blocks b where b.source_id = $1
         ), expected_df as (
             select term, count(*) as df, max(tf) as max_tf, min(dl) as min_dl from expected group by term
         ), actual_df as (
             select term, df, max_tf, min_dl from agentdb.term_stats where source_id = $1
         )
-        select 'postings'::text, count(*) from (
+        select 'postings'::text, (select count(*) from (
             (select * from expected except all select * from actual)
-            union all (select * from actual except all select * from expected)) d
+            union all (select * from actual except all select * from expected)) d)
+            -- Blocks must be well formed (offsets from 0 to the chunk range's end, arrays of one length) and a
+            -- source's postings kept in its own layout only.
+            + (select count(*) from block_contents b
+               where b.min_off is distinct from 0 or b.first_chunk + b.max_off <> b.last_chunk
+                  or cardinality(b.offs) <> cardinality(b.tfs) or cardinality(b.offs) <> cardinality(b.dls))
+            + case when $2 = 'rows' then (select count(*) from block_contents)
+                   else (select count(*) from agentdb.postings where source_id = $1) end
         union all
         select 'term_stats', count(*) from (
             (select term, df from expected_df except all select term, df from actual_df)
             union all (select term, df from actual_df except all select term, df from expected_df)) d
         union all
-        -- The pruning bounds may be loose after deletions, never tighter than the postings.
-        select 'term_bounds', count(*) from expected_df e join actual_df a using (term)
-        where a.max_tf < e.max_tf or a.min_dl > e.min_dl
+        -- The pruning bounds may be loose after deletions, never tighter than the postings; nor may a block's
+        -- bounds be, nor its span exceed its term's max_span (lookups would miss the block).
+        select 'term_bounds', (select count(*) from expected_df e join actual_df a using (term)
+                               where a.max_tf < e.max_tf or a.min_dl > e.min_dl)
+            + (select count(*) from block_contents b join agentdb.term_stats ts on ts.source_id = $1 and ts.term = b.term
+               where b.max_tf < b.top_tf or b.min_dl > b.low_dl or b.last_chunk - b.first_chunk > ts.max_span)
         union all
         select 'corpus_stats', count(*) from (
             select count(*) as n, coalesce(sum(
                 (select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0) as len
             from %s n
             except select n_chunks, total_len from agentdb.corpus_stats where source_id = $1) d
-    $q$, rel, rel) using src.id;
+    $q$, rel, rel) using src.id, src.lexical_layout;
+end;
+$$;
+
+-- Merge the partly filled blocks of source `source_name` (layout 'blocks'): every term held in more blocks than
+-- its postings need (ceil(df / 128)) gets its postings cut again into full blocks in chunk order, and its
+-- bounds (max_tf, min_dl, max_span) recomputed exactly. Returns the number of blocks before and after.
+-- Nothing to do for the 'rows' layout. Runs under the source's write lock (its corpus_stats row).
+create or replace function agentdb.lexical_optimize(source_name text, out blocks_before bigint, out blocks_after bigint)
+language plpgsql as $$
+declare
+    src agentdb.sources;
+begin
+    select * into src from agentdb.sources where name = source_name;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+    end if;
+    perform 1 from agentdb.corpus_stats c where c.source_id = src.id for update;
+    select count(*) into blocks_before from agentdb.posting_blocks b where b.source_id = src.id;
+    execute format($q$
+        with terms as (
+            select b.term from agentdb.posting_blocks b where b.source_id = $1
+            group by b.term having count(*) > ceil(sum(cardinality(b.offs)) / 128.0)
+        ), hit as (
+            delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
+            returning b.term, b.first_chunk, b.offs, b.tfs, b.dls
+        ), kept as (
+            select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
+            from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
+                  from hit h) u
+        ), %s
+        update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
+        from (select term, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
+              from blocks group by term order by term) n
+        where s.source_id = $1 and s.term = n.term $q$, agentdb_internal.block_sql('kept', '', true))
+        using src.id;
+    select count(*) into blocks_after from agentdb.posting_blocks b where b.source_id = src.id;
+end;
+$$;
+
+-- Move source `source_name`'s lexical index to layout `layout` ('rows' or 'blocks'): rebuilt from its rows in
+-- the new layout, in the caller's transaction. A source read by principals keeps the 'rows' layout, whose
+-- postings carry per-chunk row security (sql/050_principals.sql).
+create or replace function agentdb.lexical_set_layout(source_name text, layout text) returns void
+language plpgsql as $$
+declare
+    src agentdb.sources;
+begin
+    select * into src from agentdb.sources where name = source_name for update;
+    if not found then
+        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+    end if;
+    if layout is null or layout not in ('rows', 'blocks') then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            format('lexical layout must be ''rows'' or ''blocks'', not %L', layout), 'layout');
+    end if;
+    if layout = 'blocks' and exists (select 1 from agentdb.principals p where src.name = any (p.tables)) then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            format('source %L is read by principals, whose row security needs the ''rows'' layout', src.name),
+            'layout', 'revoke the principals'' access to the source first');
+    end if;
+    if layout = src.lexical_layout then
+        return;
+    end if;
+    update agentdb.sources set lexical_layout = layout where id = src.id;
+    perform agentdb.lexical_rebuild(source_name);
 end;
 $$;
 

@@ -71,6 +71,8 @@ declare
     t_wk float8[];
     t_ub float8[];
     t_df bigint[];
+    t_span bigint[];
+    blocks boolean := (select s.lexical_layout = 'blocks' from agentdb.sources s where s.id = bm25_maxscore.source_id);
     after float8[];                        -- after[i]: the sum of ub over the terms after i
     nt int;
     i int;
@@ -83,18 +85,31 @@ declare
     scores constant text := $q$
         select p.chunk_id, sum(t.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
         from unnest($4::text[], $7::float8[]) as t(term, wk)
-        join agentdb.postings p on p.source_id = $9 and p.term = t.term
+        join agentdb_internal.term_postings($9, $4) p on p.term = t.term
         group by p.chunk_id $q$;
     -- Add the postings of the one term $4[1] to the held chunks only, by one index scan with the held chunk ids
     -- as an array condition when they are fewer than half its postings, else by a hash join with all of them
     -- (measured on a million chunks: each is up to twice as fast as the other on its side of that line).
-    add_term_lookup constant text := $q$
+    -- In the block layout the lookup reads, for each held chunk, the blocks that may hold it (first chunk within
+    -- the term's max_span, $13, below it) and finds it in the block's offsets.
+    add_term_join constant text := $q$
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
         from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
-        left join (select p.chunk_id, $7[1] * p.tf / (p.tf + $8 + $10 * p.dl) as c from agentdb.postings p
-                   where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1)) x on x.chunk_id = h.chunk_id
+        left join (select p.chunk_id, $7[1] * p.tf / (p.tf + $8 + $10 * p.dl) as c
+                   from agentdb_internal.term_postings($9, $4) p) x on x.chunk_id = h.chunk_id
         where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
-    add_term_join constant text := replace(add_term_lookup, ' and p.chunk_id = any($1)', '');
+    add_term_lookup constant text := replace(add_term_join, 'from agentdb_internal.term_postings($9, $4) p)',
+        'from agentdb.postings p where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1))');
+    add_term_block_lookup constant text := $q$
+        select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
+        from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
+        left join lateral (
+            select $7[1] * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * b.dls[k.i]) as c
+            from agentdb.posting_blocks b
+            cross join lateral (select array_position(b.offs, (h.chunk_id - b.first_chunk)::int4) as i) k
+            where b.source_id = $9 and b.term = $4[1] and b.first_chunk between h.chunk_id - $13 and h.chunk_id
+              and b.last_chunk >= h.chunk_id and k.i is not null) x on true
+        where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
     -- The held chunks, as a relation s(chunk_id, known).
     held constant text := 'unnest($1::bigint[], $2::float8[]) as s(chunk_id, known)';
     -- The cand-th best known score in relation %s (aliased s) among chunks that pass the filter (0 if fewer
@@ -103,7 +118,8 @@ declare
         select coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) $q$;
     -- Every statement below takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
     -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
-    -- terms after the step, and the filter's values at retrieve's positions.
+    -- terms after the step, $13 the step's term's max_span (block layout), and the filter's values at
+    -- retrieve's positions.
     step_terms text[];
     step_wk float8[];
     bound float8;
@@ -111,17 +127,19 @@ begin
     -- A principal's role reads the statistics of the query terms through agentdb.principal_term_stats.
     if agentdb.current_principal() is null then
         select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
-               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
-        into t_term, t_wk, t_ub, t_df
-        from (select ts.term, ts.df, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
+               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
+               array_agg(x.max_span order by x.ub desc, x.term)
+        into t_term, t_wk, t_ub, t_df, t_span
+        from (select ts.term, ts.df, ts.max_span, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
               from agentdb.term_stats ts
               cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w
               where ts.source_id = bm25_maxscore.source_id and ts.term = any(terms)) x;
     else
         select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
-               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term)
-        into t_term, t_wk, t_ub, t_df
-        from (select ts.term, ts.df, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
+               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
+               array_agg(x.max_span order by x.ub desc, x.term)
+        into t_term, t_wk, t_ub, t_df, t_span
+        from (select ts.term, ts.df, ts.max_span, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
               from agentdb.principal_term_stats(bm25_maxscore.source_id, terms) ts
               cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w) x;
     end if;
@@ -172,10 +190,11 @@ begin
         step_terms := t_term[i:i];
         step_wk := t_wk[i:i];
         bound := after[i];
-        execute case when 2 * cardinality(ids) < t_df[i] then add_term_lookup else add_term_join end
+        execute case when 2 * cardinality(ids) >= t_df[i] then add_term_join
+                     when blocks then add_term_block_lookup else add_term_lookup end
             into ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
-                  theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
+                  theta, bound, t_span[i], exclude_doc, null, null, fq_params, ex_params;
         if cardinality(ids) > cand then
             execute format(kth, held, filter_sql) into theta
                 using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
@@ -427,7 +446,7 @@ begin
                 from %s ts where ts.source_id = $9 and ts.term = any($2))
             select s.chunk_id as cid, s.known::float8 as bm25
             from (select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
-                  from q join agentdb.postings p on p.source_id = $9 and p.term = q.term
+                  from q join agentdb_internal.term_postings($9, $2) p on p.term = q.term
                   group by p.chunk_id) s
             %s
             order by bm25 desc, cid

@@ -71,7 +71,7 @@ begin
             from %5$s ts where ts.source_id = $8 and ts.term = any($3)),
         lex as (
             select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($10 * (1 - $11)) + ($10 * $11 / $12) * p.dl)) as bm25
-            from q join agentdb.postings p on p.source_id = $8 and p.term = q.term
+            from q join agentdb_internal.term_postings($8, $3) p on p.term = q.term
             where p.chunk_id in (select cid from c)
             group by p.chunk_id)
         select c.doc_id, max(1 - (c.emb <=> $2))::float8, coalesce(max(l.bm25), 0)::float8

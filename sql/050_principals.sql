@@ -334,7 +334,10 @@ begin
     select * into p from agentdb.principals where id = principal_id;
     execute format('grant usage on schema agentdb, agentdb_docs, agentdb_internal to %I', p.role);
     execute format('grant execute on all functions in schema agentdb_internal to %I', p.role);
-    execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.postings to %I', p.role);
+    -- agentdb.posting_blocks too, so that the readers of either layout (agentdb_internal.term_postings) run
+    -- under the role; its restrictive policy shows principals' roles no block (migrations/0013).
+    execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.postings, agentdb.posting_blocks'
+                   ' to %I', p.role);
     execute format($f$
         create or replace function agentdb.%I(source_id int) returns jsonb
         language sql stable security definer set search_path = pg_catalog, pg_temp as
@@ -346,6 +349,12 @@ begin
     execute format('grant execute on function agentdb.%I(int) to %I', fn, p.role);
 
     for src in select * from agentdb.sources s where s.name = any(p.tables) order by s.id loop
+        -- Block postings have no per-chunk row security: a principal reads sources of the 'rows' layout only.
+        if src.lexical_layout <> 'rows' then
+            perform agentdb.raise_error(3007, 'InvalidParamValue',
+                format('source %L keeps block postings, which principals cannot read', src.name), 'tables',
+                format('move it to row postings first: agentdb optimize %s --layout rows', src.name));
+        end if;
         rel := format('%I.%I', src.table_schema, src.table_name);
         select * into pol from agentdb.principal_policy_sql(principal_id, src, p.row_filter);
         insert into agentdb.principal_grants (principal_id, source_id, params) values (principal_id, src.id, pol.params);
@@ -447,8 +456,8 @@ begin
     if not exists (select 1 from pg_roles where rolname = p.role) then
         return;
     end if;
-    execute format('revoke all on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats, agentdb.postings from %I',
-                   p.role);
+    execute format('revoke all on agentdb.sources, agentdb.corpus_stats, agentdb.term_stats, agentdb.postings,'
+                   ' agentdb.posting_blocks from %I', p.role);
     execute format('revoke all on all functions in schema agentdb_internal from %I', p.role);
     for nsp in
         select n.nspname from pg_namespace n, aclexplode(n.nspacl) a

@@ -87,6 +87,7 @@ def test_every_command_has_help() -> None:
         "eval-nav",
         "eval-memory",
         "check",
+        "optimize",
         "index",
         "memory",
         "principal",

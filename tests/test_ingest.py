@@ -11,7 +11,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -23,7 +23,14 @@ from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError,
 from agentdb.ingest.chunking import chunk_text
 from agentdb.ingest.pipeline import FieldMap, ingest
 from agentdb.ingest.readers import Located, read_records
-from agentdb.sources import FieldSpec, add_fields, create_document_source, get_source, register_table
+from agentdb.sources import (
+    FieldSpec,
+    add_fields,
+    create_document_source,
+    get_source,
+    optimize_source,
+    register_table,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DOCS_JSONL = FIXTURES / "docs.jsonl"
@@ -637,12 +644,16 @@ def test_two_threads_create_a_new_source_on_first_use(
     assert_lexical_ok(conn, "born")
 
 
+@pytest.mark.parametrize("layout", ["rows", "blocks"])
 def test_concurrent_replacing_ingestions_keep_term_counts(
-    conn: psycopg.Connection[Any], db_url: str, embedder: Any
+    conn: psycopg.Connection[Any], db_url: str, embedder: Any, layout: Literal["rows", "blocks"]
 ) -> None:
     """Many small transactions over a shared vocabulary, each replacing the thread's previous documents:
-    the term_stats upserts and decrements of both threads interleave without deadlock or lost counts."""
-    create_document_source(conn, "busy", embedding_model=embedder.model_name, embedding_dim=embedder.dim)
+    the term_stats upserts and decrements of both threads interleave without deadlock or lost counts (with
+    block postings, a fourth thread merges the blocks meanwhile)."""
+    create_document_source(
+        conn, "busy", embedding_model=embedder.model_name, embedding_dim=embedder.dim, lexical_layout=layout
+    )
 
     def job(prefix: str, seed: int) -> Any:
         def run(own: psycopg.Connection[Any]) -> None:
@@ -658,7 +669,12 @@ def test_concurrent_replacing_ingestions_keep_term_counts(
 
         return run
 
-    assert run_threads(db_url, [job("a", 1), job("b", 2), job("c", 3)]) == []
+    def merge(own: psycopg.Connection[Any]) -> None:
+        for _ in range(12):
+            optimize_source(own, "busy")
+
+    jobs = [job("a", 1), job("b", 2), job("c", 3)] + ([merge] if layout == "blocks" else [])
+    assert run_threads(db_url, jobs) == []
     assert len(chunk_rows(conn, "busy")) == 12
     assert_lexical_ok(conn, "busy")
 

@@ -36,6 +36,7 @@ from agentdb.sources import (
     coerce_value,
     create_document_source,
     get_source,
+    optimize_source,
     record_embedding_backends,
 )
 
@@ -259,10 +260,13 @@ def copy_chunks(cur: psycopg.Cursor[Any], source: Source, rows: Iterable[tuple[A
 
 
 def analyze_source(conn: psycopg.Connection[Any], source: Source) -> None:
-    """Fresh statistics right away after a bulk write (not at autovacuum's leisure), so the planner picks
-    index scans."""
+    """After a bulk write: a block source's partly filled posting blocks merged (each write statement added
+    its own), then fresh statistics right away (not at autovacuum's leisure), so the planner picks index scans."""
+    if source.lexical_layout == "blocks":
+        optimize_source(conn, source.name)
     conn.execute(sql.SQL("analyze {}").format(source.table))
     conn.execute("analyze agentdb.postings")
+    conn.execute("analyze agentdb.posting_blocks")
     conn.execute("analyze agentdb.term_stats")
 
 

@@ -1,0 +1,281 @@
+"""Block postings (migrations/0013_block_postings.sql, sql/020_lexical.sql): a source whose lexical index is kept
+in blocks answers exactly as exhaustive Okapi BM25 computed in Python from its rows, and exactly as a twin
+source holding the same rows in the row layout, for lexical and hybrid retrieval, with filters, through random
+inserts, updates, deletes and block merges (agentdb optimize); agentdb check sees broken blocks and --repair
+rebuilds them; principals are never granted a block source.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections import defaultdict
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from agentdb.auth import create_principal
+from agentdb.cli import main as cli_main
+from agentdb.errors import InvalidParamValue
+from agentdb.retrieval import retrieve
+from agentdb.sources import FieldSpec, create_document_source, get_source, optimize_source
+from tests.filter_oracle import filters, matches, sample_metadata
+
+DIM = 8
+FIELDS = [FieldSpec(name="year", type="int"), FieldSpec(name="status", type="string")]
+FIELD_DICTS = [f.model_dump() for f in FIELDS]
+# Zipf-like weights: the first words reach several blocks of 128 chunks, the last are rare.
+WORDS = [f"w{i}x" for i in range(60)]
+WEIGHTS = [1 / (i + 1) for i in range(len(WORDS))]
+TWINS = ("blk", "rws")
+_docs = itertools.count()
+
+
+def _rows(rng: random.Random, n: int) -> list[tuple[Any, ...]]:
+    """`n` new chunks (one per document): random words, metadata and unit vector."""
+    out = []
+    for _ in range(n):
+        doc = f"d{next(_docs):05d}"
+        v = np.array([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
+        text = " ".join(rng.choices(WORDS, weights=WEIGHTS, k=rng.randint(3, 40)))
+        out.append((doc, 0, text, Jsonb(sample_metadata(FIELD_DICTS, rng)), v / np.linalg.norm(v)))
+    return out
+
+
+def _both(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> None:
+    """Run `statement` (with {table} for the source table) on both twins, one statement each."""
+    for name in TWINS:
+        table = sql.Identifier("agentdb_docs", name)
+        conn.execute(sql.SQL(statement).format(table=table), params)  # type: ignore[arg-type]
+
+
+def _copy(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> None:
+    """Write `rows` to both twins, one COPY statement each (so the block source gets blocks of many chunks)."""
+    for name in TWINS:
+        target = sql.Identifier("agentdb_docs", name)
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                sql.SQL("copy {} (doc_id, chunk, text, metadata, agentdb_embedding) from stdin").format(
+                    target
+                )
+            ) as copy,
+        ):
+            for doc, chunk, text, meta, vec in rows:
+                copy.write_row(
+                    (doc, chunk, text, json.dumps(meta.obj), "[" + ",".join(map(str, vec.tolist())) + "]")
+                )
+
+
+@pytest.fixture
+def twins(conn: psycopg.Connection[Any]) -> random.Random:
+    """Sources blk (block postings) and rws (row postings) with the same 600 chunks, written in three
+    statements (so terms span several blocks, some partly filled). Returns the random source for more rows."""
+    create_document_source(
+        conn, "blk", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+    )
+    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS)
+    rng = random.Random(14)
+    for n in (300, 200, 100):
+        _copy(conn, _rows(rng, n))
+    return rng
+
+
+def lexical_check(conn: psycopg.Connection[Any], name: str) -> dict[str, int]:
+    return {w: n for w, n in conn.execute("select what, mismatches from agentdb.lexical_check(%s)", (name,))}
+
+
+def exhaustive(
+    conn: psycopg.Connection[Any], name: str, query: str, filter: dict[str, Any] | None, top_k: int
+) -> list[tuple[str, int, float]]:
+    """Okapi BM25 (k1 1.2, b 0.75) over every chunk of source `name`, from its tsvectors, in Python: the best
+    `top_k` chunks passing `filter` by (score desc, chunk id), then ordered by (score desc, doc id, chunk)."""
+    src = get_source(conn, name)
+    terms = {r[0] for r in conn.execute("select lexeme from unnest(to_tsvector('english', %s))", (query,))}
+    tf: dict[int, dict[str, int]] = defaultdict(dict)
+    dl: dict[int, int] = {}
+    keys: dict[int, tuple[str, int, dict[str, Any]]] = {}
+    for cid, doc_id, chunk, metadata, term, n in conn.execute(
+        sql.SQL(
+            "select c.agentdb_chunk_id, c.doc_id, c.chunk, c.metadata, t.lexeme,"
+            " coalesce(cardinality(t.positions), 1) from {} c cross join lateral unnest(c.agentdb_tsv) t"
+        ).format(src.table)
+    ):
+        tf[cid][term] = n
+        dl[cid] = dl.get(cid, 0) + n
+        keys[cid] = (doc_id, chunk, metadata)
+    n_chunks = len(dl)
+    avgdl = sum(dl.values()) / n_chunks
+    df = {t: sum(1 for c in tf if t in tf[c]) for t in terms}
+    scores = {}
+    for cid, freqs in tf.items():
+        held = [t for t in terms if t in freqs]
+        if not held or not matches(FIELD_DICTS, filter, keys[cid][0], keys[cid][2]):
+            continue
+        scores[cid] = sum(
+            math.log(1 + (n_chunks - df[t] + 0.5) / (df[t] + 0.5))
+            * 2.2
+            * freqs[t]
+            / (freqs[t] + 1.2 * (1 - 0.75) + 1.2 * 0.75 / avgdl * dl[cid])
+            for t in held
+        )
+    best = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
+    return sorted(((keys[c][0], keys[c][1], scores[c]) for c in best), key=lambda h: (-h[2], h[0], h[1]))
+
+
+def assert_same_ranking(got: list[tuple[str, int, float]], want: list[tuple[str, int, float]]) -> None:
+    """The same scores (to 1e-9) in the same order; within a group of tied scores the same chunks (the float
+    sums of SQL and Python may differ in the last bit, which may order exact ties differently), and where the
+    top k cuts a tie group, chunks of that group."""
+    assert [round(s, 9) for *_, s in got] == pytest.approx([round(s, 9) for *_, s in want], abs=2e-9)
+    groups_got: dict[float, set[tuple[str, int]]] = defaultdict(set)
+    groups_want: dict[float, set[tuple[str, int]]] = defaultdict(set)
+    for d, c, s in got:
+        groups_got[round(s, 8)].add((d, c))
+    for d, c, s in want:
+        groups_want[round(s, 8)].add((d, c))
+    last = round(want[-1][2], 8) if want else None
+    for score, members in groups_want.items():
+        if score != last:
+            assert groups_got[score] == members, score
+    if last is not None:
+        assert len(groups_got[last]) == len(groups_want[last])
+
+
+def _hits(result: Any) -> list[tuple[str, int, float]]:
+    return [(h.id, h.chunk, h.score) for h in result.hits]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
+    conn: psycopg.Connection[Any], twins: random.Random, data: st.DataObject
+) -> None:
+    """After each random write (bulk insert, update of text, delete, merge), the block source's index matches
+    its rows (agentdb check); its lexical top 10 and top 100 equal exhaustive BM25 (and the row twin's top 10),
+    and its hybrid top 10 is the exact RRF of its legs (ids, order, scores), with and without a filter and
+    MaxScore pruning."""
+    rng = twins
+    op = data.draw(st.sampled_from(["insert", "update", "delete", "optimize", "none"]), label="op")
+    if op == "insert":
+        _copy(conn, _rows(rng, data.draw(st.integers(1, 150), label="n")))
+    elif op == "update":
+        words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
+        mod = data.draw(st.integers(2, 9), label="mod")
+        _both(
+            conn, "update {table} set text = text || ' ' || %s where agentdb_chunk_id %% %s = 0", (words, mod)
+        )
+    elif op == "delete":
+        mod = data.draw(st.integers(3, 11), label="mod")
+        _both(conn, "delete from {table} where agentdb_chunk_id %% %s = 1", (mod,))
+    elif op == "optimize":
+        before, after = optimize_source(conn, "blk")
+        assert after <= before
+        assert optimize_source(conn, "blk") == (after, after)
+        assert optimize_source(conn, "rws") == (0, 0)
+    assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+
+    query = " ".join(
+        data.draw(st.lists(st.sampled_from([*WORDS, "nowhere"]), min_size=1, max_size=5), label="q")
+    )
+    filt = data.draw(st.one_of(st.none(), filters(FIELD_DICTS)), label="filter")
+    seed = data.draw(st.sampled_from(["1", "40", "20000"]), label="lexical_seed_postings")
+    conn.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed,))
+    lexical = {name: _hits(retrieve(conn, name, query, mode="lexical", filter=filt)) for name in TWINS}
+    assert_same_ranking(lexical["blk"], exhaustive(conn, "blk", query, filt, 10))
+    assert_same_ranking(lexical["blk"], lexical["rws"])
+
+    # Hybrid: RRF of the block source's own legs at the candidate depth, computed exactly in Python.
+    cand = 100
+    v = np.array([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
+    legs = [
+        retrieve(conn, "blk", query, mode="lexical", filter=filt, top_k=cand),
+        retrieve(conn, "blk", "", mode="dense", filter=filt, top_k=cand, query_embedding=v, threshold=0.0),
+    ]
+    assert_same_ranking(_hits(legs[0]), exhaustive(conn, "blk", query, filt, cand))
+    fused: dict[tuple[str, int], Fraction] = defaultdict(Fraction)
+    for leg in legs:
+        for rank, h in enumerate(leg.hits, start=1):
+            fused[(h.id, h.chunk)] += Fraction(1, 60 + rank)
+    want = sorted(fused, key=lambda k: (-fused[k], k))[:10]
+    got = retrieve(
+        conn, "blk", query, mode="hybrid", filter=filt, query_embedding=v, threshold=0.0, candidates=cand
+    )
+    assert [(h.id, h.chunk) for h in got.hits] == want
+    assert [h.score for h in got.hits] == pytest.approx([float(fused[k]) for k in want], abs=1e-12)
+
+
+def test_check_sees_broken_blocks_and_repair_rebuilds_them(
+    conn: psycopg.Connection[Any],
+    twins: random.Random,
+    db_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A changed term frequency is a postings mismatch, a bound tighter than its block a term_bounds one, an
+    offset outside its block's range a postings one; `agentdb check --repair` rebuilds the blocks."""
+    src = get_source(conn, "blk")
+    key = conn.execute(
+        "select term, first_chunk from agentdb.posting_blocks where source_id = %s and cardinality(offs) > 2"
+        " order by term, first_chunk limit 1",
+        (src.id,),
+    ).fetchone()
+    assert key is not None
+    params = (src.id, *key)
+    conn.execute(
+        "update agentdb.posting_blocks set tfs[1] = tfs[1] + 1 where source_id = %s and term = %s and first_chunk = %s",
+        params,
+    )
+    assert lexical_check(conn, "blk")["postings"] == 2
+    conn.execute(
+        "update agentdb.posting_blocks set tfs[1] = tfs[1] - 1, max_tf = 0"
+        " where source_id = %s and term = %s and first_chunk = %s",
+        params,
+    )
+    assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 1, "corpus_stats": 0}
+    conn.execute(
+        "update agentdb.posting_blocks set max_tf = 256, offs[1] = offs[1] - 1"
+        " where source_id = %s and term = %s and first_chunk = %s",
+        params,
+    )
+    assert lexical_check(conn, "blk")["postings"] > 0
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert cli_main(["check", "blk"]) == 2
+    assert not cli_main(["check", "blk", "--repair"])
+    assert "repaired" in capsys.readouterr().out
+    assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+
+
+def test_layouts_convert_both_ways_and_principals_read_rows_only(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """agentdb optimize --layout moves a source between layouts (same results, index matching its rows); a
+    principal cannot be granted a block source, and a source with principals stays in rows."""
+    query = "w0x w3x w17x"
+    assert get_source(conn, "blk").lexical_layout == "blocks"
+    want = _hits(retrieve(conn, "blk", query, mode="lexical"))
+    optimize_source(conn, "blk", layout="rows")
+    assert get_source(conn, "blk").lexical_layout == "rows"
+    assert conn.execute("select count(*) from agentdb.posting_blocks").fetchone() == (0,)
+    assert_same_ranking(_hits(retrieve(conn, "blk", query, mode="lexical")), want)
+    optimize_source(conn, "blk", layout="blocks")
+    assert_same_ranking(_hits(retrieve(conn, "blk", query, mode="lexical")), want)
+    assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+
+    with pytest.raises(InvalidParamValue) as refused:
+        create_principal(conn, "reader", tables=["blk"])
+    assert "block postings" in str(refused.value)
+    create_principal(conn, "reader", tables=["rws"])
+    with pytest.raises(InvalidParamValue) as kept:
+        optimize_source(conn, "rws", layout="blocks")
+    assert kept.value.path == "layout"
+    assert get_source(conn, "rws").lexical_layout == "rows"
