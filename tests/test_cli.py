@@ -6,14 +6,11 @@ import gzip
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agentdb.cli import DEMO_FILE, build_parser
-from agentdb.db.server import process_alive, read_postmaster, stop_embedded
+from agentdb.db.server import process_alive, read_postmaster
 
 AGENTDB = [sys.executable, "-m", "agentdb.cli"]
 DOCS = [
@@ -187,18 +184,6 @@ def test_eval_prints_ndcg_and_recall(db_url: str, corpus: Path, tmp_path: Path) 
     lines = {line.split()[0]: line for line in out.splitlines()}
     assert set(lines) == {"lexical", "dense", "hybrid"}
     assert "nDCG@10 1.0000" in lines["lexical"] and "Recall@100 1.0000" in lines["hybrid"]
-
-
-@pytest.fixture
-def embedded_dir() -> Iterator[Path]:
-    """A data directory of this test's own for the embedded server (outside pytest's rotating temp folders,
-    like conftest's); whatever server the test leaves running there is stopped afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="agentdb-cli-"))
-    try:
-        yield path
-    finally:
-        stop_embedded(path, force=True)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_db_url_gives_psql_a_working_url(embedded_dir: Path) -> None:

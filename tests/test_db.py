@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ from agentdb.db.server import forget_dead_handles, start_embedded, tuning
 from agentdb.errors import DatabaseSetupError
 
 
-def test_embedded_server_reuses_its_data_directory() -> None:
-    tmp_path = Path(tempfile.mkdtemp(prefix="agentdb-reuse-"))
+def test_embedded_server_reuses_its_data_directory(embedded_dir: Path) -> None:
+    tmp_path = embedded_dir
     url = start_embedded(tmp_path)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("create table kept (x int)")
@@ -34,10 +33,10 @@ def test_embedded_server_reuses_its_data_directory() -> None:
     assert (tmp_path / "pg" / "PG_VERSION").read_text().strip() == "18"
 
 
-def test_embedded_server_is_tuned_for_the_machine() -> None:
+def test_embedded_server_is_tuned_for_the_machine(embedded_dir: Path) -> None:
     """A fresh data directory gets agentdb.conf (memory-sized settings): the reloadable ones apply at once,
     shared_buffers waits for the next start; the include line is written once."""
-    tmp_path = Path(tempfile.mkdtemp(prefix="agentdb-tuned-"))
+    tmp_path = embedded_dir
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     wanted = tuning(memory)
     url = start_embedded(tmp_path)
