@@ -71,6 +71,9 @@ def test_a_retrieval_query_reads_a_memory_store_by_name(client: TestClient) -> N
     assert body["status"] == "completed", body
     texts = [h["_source"]["text"] for h in body["hits"]]
     assert texts[0] == "Alice is allergic to peanuts." and set(texts) <= {r["text"] for r in ALICE}
+    # Hits and steps name the store as the query did (its resolved name), not the table of its records.
+    assert {h["_table"] for h in body["hits"]} == {"user_alice"}
+    assert body["steps"][0]["details"]["store"] == "user_alice" and "table" not in body["steps"][0]["details"]
     # The store's own record schema is filterable, as a source's fields are.
     only_travel = client.post(
         "/agents/retrieval",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -232,7 +233,8 @@ def run(
     status = "completed"
     for i, (spec, fields) in enumerate(zip(plan.queries, plan.projections, strict=True)):
         step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
-        yield "step_started", {**step, "status": "running", "details": {"table": spec.table}}
+        target = plan.targets[i]
+        yield "step_started", {**step, "status": "running", "details": target}
         started = time.perf_counter()
         outcome = run_query(conn, i, request.query, spec, fields, principal, plan, embedder_for)
         for round_step in outcome.steps:
@@ -243,7 +245,7 @@ def run(
             **step,
             "duration_ms": round((time.perf_counter() - started) * 1000, 3),
             "details": {
-                "table": spec.table,
+                **target,
                 "retrieval_mode": outcome.mode,
                 "route": "found" if outcome.hits else "not_found",
                 "result_count": len(outcome.hits),
@@ -255,12 +257,12 @@ def run(
             },
         }
         steps.append(done_step)
-        diagnostics.append({"query_index": i, "table": spec.table, **outcome.result.diagnostics})
+        diagnostics.append({"query_index": i, **target, **outcome.result.diagnostics})
         yield "step_completed", done_step
         if plan.navigation is not None and plan.navigation.query_index == i:
             kind = f"{plan.navigation.strategy}_navigation"
             nav_step = {"id": "navigation", "kind": "navigation", "name": kind, "status": "completed"}
-            yield "step_started", {**nav_step, "status": "running", "details": {"table": spec.table}}
+            yield "step_started", {**nav_step, "status": "running", "details": target}
             walked = yield from _navigation(conn, request, principal, plan, outcome, fields, embedder_for)
             steps.extend(walked.steps)
             tool_calls += walked.tool_calls
@@ -269,7 +271,7 @@ def run(
             nav_done = {
                 **nav_step,
                 "duration_ms": walked.details["duration_ms"],
-                "details": {**walked.details, "table": spec.table, "status": walked.status},
+                "details": {**walked.details, **target, "status": walked.status},
             }
             steps.append(nav_done)
             yield "step_completed", nav_done
@@ -297,8 +299,12 @@ def run(
         steps.append(memory_done)
         yield "step_completed", memory_done
     merged = merge(hit_lists, max(q.limit for q in request.queries))
+    # A memory store's hits name the store, as the query did, not the internal table of its records.
+    stores = {
+        spec.table: t["store"] for spec, t in zip(plan.queries, plan.targets, strict=True) if "store" in t
+    }
     for hit in merged:
-        yield "hit", hit
+        yield "hit", replace(hit, table=stores[hit.table]) if hit.table in stores else hit
     generation = None
     if plan.generation is not None:
         started = time.perf_counter()

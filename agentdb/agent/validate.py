@@ -18,7 +18,7 @@ from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep
 from agentdb.indexes import check_index
 from agentdb.llm import Usage, UsageMeter, resolve_model
-from agentdb.memory import StoreSpec, check_spec, get_store
+from agentdb.memory import Store, StoreSpec, check_spec, get_store
 from agentdb.sources import Source, get_source
 
 
@@ -31,6 +31,9 @@ class Plan:
     queries: list[QuerySpec] = field(default_factory=list)
     # Per query, the row filter its reads apply: the principal's, or none on the caller's own memory store.
     row_filters: list[dict[str, Any] | None] = field(default_factory=list)
+    # Per query, what the client named: {"table": source} or {"store": the memory store's name}; hits and
+    # steps show these, never the internal table of a store's records.
+    targets: list[dict[str, str]] = field(default_factory=list)
     expand_window: int = 1
     deepening: DeepeningOptions | None = None
     judge: UsageMeter | None = None
@@ -111,9 +114,12 @@ def validate(
         fields = spec.fields
         own_store = spec.store is not None
         if own_store:
-            source = _memory_store(conn, spec, principal, f"queries[{i}]")
+            named = _memory_store(conn, spec, principal, f"queries[{i}]")
+            source = named.source
+            plan.targets.append({"store": named.name})
         else:
             source = _source(conn, spec, principal, f"queries[{i}]")
+            plan.targets.append({"table": source.name})
             if principal is not None:
                 fields = check_fields(principal, spec.fields, path=f"queries[{i}].fields")
         for name in ("filter", "filter_query", "exclusion_query"):
@@ -194,11 +200,11 @@ def _source(
 
 def _memory_store(
     conn: psycopg.Connection[Any], spec: QuerySpec, principal: Principal | None, where: str
-) -> Source:
-    """The source of the records of the caller's memory store that a query names in `store` (a name template
-    over its `vars`), after the `memory` tool; its record schema must be the query's `schema` (3011 at
-    `schema`). The plan's copy of the query names that source in `table`: the pipeline reads it as any
-    source, under the caller's role, which owns the store (no table grant or row filter: they are about sources)."""
+) -> Store:
+    """The caller's memory store that a query names in `store` (a name template over its `vars`), after the
+    `memory` tool; its record schema must be the query's `schema` (3011 at `schema`). The plan's copy of the
+    query names the source of its records in `table`: the pipeline reads it as any source, under the caller's
+    role, which owns the store (no table grant or row filter: they are about sources)."""
     assert spec.store is not None
     if spec.table:
         raise InvalidParamValue(
@@ -217,7 +223,7 @@ def _memory_store(
     except AgentDBError as exc:
         exc.path = f"{where}.{exc.path or 'store'}"
         raise
-    return store.source
+    return store
 
 
 __all__ = ["Plan", "validate"]
