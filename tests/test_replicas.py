@@ -489,3 +489,67 @@ def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
     assert len(retries) == 1 and re.match(
         r"retrying POST /agents/retrieval after replica[12] failed it", retries[0]
     )
+
+
+def _wait_replayed(url: str, lsn: str, timeout: float = 30.0) -> None:
+    """Until the standby at `url` has replayed WAL position `lsn`."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not conn.execute("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, f"{url} has not replayed {lsn}"
+            time.sleep(0.02)
+
+
+def test_a_deleted_key_is_refused_at_once_while_the_replicas_lag(cluster: Cluster) -> None:
+    """Replay paused on both replicas (kept in rotation by a generous lag limit): a key deleted on the primary
+    fails at once although the replicas still hold it, and once a principal exists on the primary a keyless read
+    is refused although the replicas know of none. Reads are authenticated on the primary."""
+    app = create_app(_settings(cluster, max_replica_lag_ms=600_000))
+    name = f"p{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        _, key = create_principal(conn, name, tables=["ops"])
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    for url in cluster.replicas:
+        _wait_replayed(url, lsn)
+    key_header = {"Authorization": f"Bearer {key}"}
+    paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            before = [client.post("/agents/retrieval", json=search(), headers=key_header) for _ in range(2)]
+            assert [r.status_code for r in before] == [200, 200], before[0].text
+            assert {r.headers["X-Agentdb-Served-By"] for r in before} == {"replica1", "replica2"}
+            for conn in paused:
+                conn.execute("select pg_wal_replay_pause()")
+            with psycopg.connect(cluster.primary, autocommit=True) as conn:
+                delete_principal(conn, name)
+            for conn in paused:  # the replicas still know the key
+                assert conn.execute(
+                    "select count(*) from agentdb.principals where name = %s", (name,)
+                ).fetchone() == (1,)
+            after = [client.post("/agents/retrieval", json=search(), headers=key_header) for _ in range(2)]
+            fetched = client.get("/sources/ops/documents/d1", headers=key_header)
+            for response in [*after, fetched]:
+                assert response.status_code == 401, response.text
+                assert response.json()["error"] | {"message": ""} == {
+                    "code": 1401,
+                    "name": "Unauthorized",
+                    "message": "",
+                    "path": "authorization",
+                }
+            assert {r.headers["X-Agentdb-Served-By"] for r in after} == {"replica1", "replica2"}
+            # The other direction: a principal created now closes the keyless server at once.
+            assert client.post("/agents/retrieval", json=search()).status_code == 200
+            with _new_principal(cluster):
+                keyless = client.post("/agents/retrieval", json=search())
+                assert keyless.status_code == 401, keyless.text
+                assert keyless.json()["error"]["path"] == "authorization"
+                for conn in paused:  # they still know only the one deleted above
+                    assert conn.execute("select array_agg(name) from agentdb.principals").fetchone() == (
+                        [name],
+                    )
+    finally:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_resume()")
+            conn.close()

@@ -261,7 +261,8 @@ def _retry_elsewhere(request: Request, exc: Exception) -> bool:
         request.state.failed_replicas = frozenset({replica.name})
     elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction) or (
         isinstance(exc, Unauthorized)
-        and request.headers.get("authorization")  # a key newer than the replica?
+        and request.headers.get("authorization")  # a key newer than the replica (its role not replayed yet)?
+        and not getattr(request.state, "key_refused", False)
     ):
         request.state.primary_only = True
     else:
@@ -353,11 +354,52 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
     not open up: bound to a non-loopback address it then refuses every request. A keyless server also
     answers only requests addressed to it by a loopback name (or a configured one: DNS rebinding) and not
     sent by another site's page (a browser's Origin header; cross-site request forgery)."""
+    authorization = request.headers.get("authorization")
+    if getattr(request.state, "replica", None) is not None:
+        decided = _primary_principal(request, authorization)
+        if decided is not None:
+            if decided[0]:
+                return decided[1]
+            _open_access(request)
+            return None
     has_principals = getattr(request.state, "any_principals", None)
     if has_principals is None:
         has_principals = any_principals(conn)
-    if has_principals or request.headers.get("authorization"):
-        return authenticate(conn, request.headers.get("authorization"))  # no principal: any key is wrong
+    if has_principals or authorization:
+        return authenticate(conn, authorization)  # no principal: any key is wrong
+    _open_access(request)
+    return None
+
+
+def _primary_principal(request: Request, authorization: str | None) -> tuple[bool, Principal | None] | None:
+    """For a read a replica serves: whether principals exist and who the caller is, asked of the primary, so
+    that a key deleted (or a principal created: the server no longer answers keyless requests) a moment ago
+    counts at once and not once the replica has replayed it. None when the primary cannot be reached (its
+    monitor saw it down, or this checkout failed): the replica decides, as it is the best copy left."""
+    router: ReadRouter | None = request.app.state.router
+    if router is not None and not router.primary_reachable:
+        return None
+    settings: Settings = request.app.state.settings
+    try:
+        with _checkout(request.app.state.pool, settings.statement_timeout_ms) as (conn, has_principals):
+            if not (has_principals or authorization):
+                return False, None
+            try:
+                return True, authenticate(conn, authorization)
+            except Unauthorized:
+                request.state.key_refused = True  # by the primary: no point in retrying there
+                raise
+    except (psycopg.OperationalError, PoolTimeout, DatabaseUnavailable) as exc:
+        log.warning(
+            "the primary cannot authenticate a read (%s); the replica serving it does",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        return None
+
+
+def _open_access(request: Request) -> None:
+    """A request to a server without principals: Forbidden unless `open_access_allowed` and
+    `check_local_request` allow it."""
     settings: Settings = request.app.state.settings
     if not open_access_allowed(settings):
         raise Forbidden(
@@ -365,7 +407,6 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
             hint="create one with `agentdb principal create NAME --tables ...`, or serve on 127.0.0.1",
         )
     check_local_request(request, settings)
-    return None
 
 
 def open_access_allowed(settings: Settings) -> bool:

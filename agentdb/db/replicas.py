@@ -149,6 +149,9 @@ class ReadRouter:
         ]
         self._positions: deque[tuple[float, int]] = deque()
         self._primary: psycopg.Connection[Any] | None = None
+        # Whether the last check reached the primary: while it does not, a read on a replica is authenticated
+        # there instead of waiting on the primary at every request (agentdb.api.deps).
+        self.primary_reachable = True
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -222,6 +225,7 @@ class ReadRouter:
         rotation."""
         now = time.monotonic()
         position = self._primary_position()
+        self.primary_reachable = position is not None
         if position is not None:
             with self._lock:
                 self._positions.append((now, position))
