@@ -553,3 +553,107 @@ def test_a_deleted_key_is_refused_at_once_while_the_replicas_lag(cluster: Cluste
         for conn in paused:
             conn.execute("select pg_wal_replay_resume()")
             conn.close()
+
+
+def _error(response: Any) -> tuple[int, int, str | None]:
+    return response.status_code, response.json()["error"]["code"], response.json()["error"]["path"]
+
+
+def test_min_lsn_and_consistency_in_the_body(cluster: Cluster, client: TestClient) -> None:
+    """`min_lsn` and `consistency` as fields of the JSON body (retrieval, saved-agent runs) or of the query
+    string (GET reads) work as the headers do; with both, the stricter wins; bad values are 3007 at their
+    name."""
+    body = search()
+    assert client.post("/agents/retrieval", json=body).headers["X-Agentdb-Served-By"].startswith("replica")
+    primary = client.post("/agents/retrieval", json=body | {"consistency": "primary"})
+    assert primary.status_code == 200 and primary.headers["X-Agentdb-Served-By"] == "primary"
+    # "any" in the body does not undo the header's "primary", nor the reverse.
+    for header, field in (("primary", "any"), ("any", "primary")):
+        mixed = client.post(
+            "/agents/retrieval", json=body | {"consistency": field}, headers={"X-Agentdb-Consistency": header}
+        )
+        assert mixed.headers["X-Agentdb-Served-By"] == "primary"
+    created = client.post(
+        "/agents", json={"name": "body-agent", "source": "ops", "retrieval_mode": "lexical"}
+    )
+    assert created.status_code == 201, created.text
+    run = client.post("/agents/body-agent/run", json={"input": "backup", "consistency": "primary"})
+    assert run.status_code == 200 and run.headers["X-Agentdb-Served-By"] == "primary"
+    doc = client.get("/sources/ops/documents/d1", params={"consistency": "primary"})
+    assert doc.status_code == 200 and doc.headers["X-Agentdb-Served-By"] == "primary"
+    # Replay paused on both (kept in rotation by a generous lag limit): a body's min_lsn of a later write waits
+    # its bound, then the primary serves; an older position in the header does not weaken it, and the same
+    # position in the header alone does the same.
+    paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+    lenient = TestClient(
+        create_app(_settings(cluster, max_replica_lag_ms=600_000)), base_url="http://127.0.0.1"
+    )
+    with lenient:
+        _wait_rotation(lenient, 2)
+        _paused_reads(client, lenient, paused, body)
+    # Bad values: the stable error at the field's name.
+    assert _error(client.post("/agents/retrieval", json=body | {"min_lsn": "yesterday"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.post("/agents/retrieval", json=body | {"min_lsn": 5})) == (400, 3007, "min_lsn")
+    assert _error(client.post("/agents/retrieval", json=body | {"consistency": "eventual"})) == (
+        400,
+        3007,
+        "consistency",
+    )
+    assert _error(client.post("/agents/body-agent/run", json={"input": "x", "min_lsn": "1-2"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.get("/sources/ops/documents/d1", params={"min_lsn": "later"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.get("/sources/ops/documents/d1", params={"consistency": "eventual"})) == (
+        400,
+        3007,
+        "consistency",
+    )
+    assert client.delete("/agents/body-agent").status_code == 204
+
+
+def _paused_reads(
+    client: TestClient, lenient: TestClient, paused: list[psycopg.Connection[Any]], body: dict[str, Any]
+) -> None:
+    """Reads naming a position the paused replicas have not replayed, in the body, a header or both."""
+    try:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_pause()")
+        written = client.patch("/agents/body-agent", json={"top_k": 4})
+        assert written.status_code == 200, written.text
+        lsn = written.headers["X-Agentdb-LSN"]
+        for extra, headers in (
+            ({"min_lsn": lsn}, {}),
+            ({"min_lsn": lsn}, {"X-Agentdb-Min-LSN": "0/1"}),
+            ({"min_lsn": "0/1"}, {"X-Agentdb-Min-LSN": lsn}),
+        ):
+            read = lenient.post("/agents/retrieval", json=body | extra, headers=headers)
+            assert read.status_code == 200, read.text
+            assert read.headers["X-Agentdb-Served-By"] == "primary", (extra, headers)
+            assert read.headers.get("Server-Timing", "").startswith("lsn-wait;dur="), (
+                extra,
+                headers,
+                read.headers,
+            )
+            ran = lenient.post("/agents/body-agent/run", json={"input": "backup"} | extra, headers=headers)
+            assert ran.status_code == 200 and ran.headers["X-Agentdb-Served-By"] == "primary"
+            assert len(ran.json()["hits"]) == 4  # the agent as just changed
+        old = lenient.post("/agents/retrieval", json=body | {"min_lsn": "0/1"})
+        assert old.headers["X-Agentdb-Served-By"].startswith("replica") and "Server-Timing" not in old.headers
+        fetched = lenient.get(
+            "/sources/ops/documents/d1", params={"min_lsn": lsn}, headers={"X-Agentdb-Min-LSN": "0/1"}
+        )
+        assert fetched.status_code == 200 and fetched.headers["X-Agentdb-Served-By"] == "primary"
+    finally:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_resume()")
+            conn.close()
