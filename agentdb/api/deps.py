@@ -470,9 +470,11 @@ def _primary_principal(request: Request, authorization: str | None) -> tuple[boo
                 request.state.key_refused = True  # by the primary: no point in retrying there
                 raise
     except (psycopg.OperationalError, PoolTimeout, DatabaseUnavailable) as exc:
+        reason = (
+            exc.message if isinstance(exc, DatabaseUnavailable) else str(exc).strip() or type(exc).__name__
+        )
         log.warning(
-            "the primary cannot authenticate a read (%s); the replica serving it does",
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            "the primary cannot authenticate a read (%s); the replica serving it does", reason.splitlines()[0]
         )
         return None
 
