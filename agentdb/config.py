@@ -24,6 +24,8 @@ class Settings:
     # How long a read that names a WAL position (min_lsn) waits for a replica to replay it before the primary
     # serves it.
     replica_wait_ms: float = 500.0
+    # How often the monitor checks every replica's role and replay lag (and the primary's position).
+    replica_check_interval_ms: float = 250.0
     data_dir: Path = field(default_factory=lambda: Path(".agentdb"))
     host: str = "127.0.0.1"
     port: int = 8080
@@ -63,6 +65,7 @@ class Settings:
             replica_urls=_names(env.get("AGENTDB_REPLICA_URLS")),
             max_replica_lag_ms=float(env.get("AGENTDB_MAX_REPLICA_LAG_MS", "1000")),
             replica_wait_ms=float(env.get("AGENTDB_REPLICA_WAIT_MS", "500")),
+            replica_check_interval_ms=float(env.get("AGENTDB_REPLICA_CHECK_INTERVAL_MS", "250")),
             data_dir=Path(env["AGENTDB_DATA_DIR"])
             if env.get("AGENTDB_DATA_DIR")
             else find_data_dir(Path.cwd()),

@@ -256,18 +256,19 @@ def test_a_replica_stopped_under_load_fails_no_request(cluster: Cluster, client:
         thread.start()
     try:
         standbys = {s.name: s for s in list_standbys(cluster.data_dir)}
-        time.sleep(0.5)
+        _until("reads under way", lambda: len(served) >= 10)
         stop_standby(standbys["replica1"])
         assert _wait_rotation(client, 1)[0]["in_rotation"] is False
-        mark = len(served)
-        time.sleep(0.5)
+        # Reads under way when the rotation changed (one per reader) may still name the old server.
+        mark = len(served) + len(threads)
+        _until("reads after the stop", lambda: len(served) >= mark + 10)
         assert set(served[mark:]) == {"replica2"}
         start_standby(cluster.data_dir, 1)
         _wait_rotation(client, 2)
         stop_standbys(cluster.data_dir)
         _wait_rotation(client, 0)
-        mark = len(served)
-        time.sleep(0.5)
+        mark = len(served) + len(threads)
+        _until("reads with both down", lambda: len(served) >= mark + 10)
         assert set(served[mark:]) == {"primary"}
     finally:
         stop.set()
@@ -657,3 +658,167 @@ def _paused_reads(
         for conn in paused:
             conn.execute("select pg_wal_replay_resume()")
             conn.close()
+
+
+def _until(what: str, test: Any, timeout: float = 30.0) -> Any:
+    """Poll `test` until it returns something true, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := test()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+    return found
+
+
+@contextmanager
+def _ops_locked(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    """Table `ops` locked on the primary (ACCESS EXCLUSIVE, in an open transaction) and, through the WAL, on
+    both replicas: a read of it waits there until the transaction ends. Rolled back on leaving."""
+    with psycopg.connect(cluster.primary) as primary:
+        primary.execute("lock table agentdb_docs.ops in access exclusive mode")
+        primary.execute("select pg_current_wal_lsn()")  # the lock's WAL record leaves with the next flush
+        for url in cluster.replicas:
+            with psycopg.connect(url, autocommit=True) as conn:
+                _until(
+                    "the lock replayed",
+                    lambda c=conn: (
+                        c.execute(
+                            "select count(*) from pg_locks where locktype = 'relation'"
+                            " and relation = 'agentdb_docs.ops'::regclass and mode = 'AccessExclusiveLock'"
+                        ).fetchone()
+                        == (1,)
+                    ),
+                )
+        try:
+            yield primary
+        finally:
+            primary.rollback()
+
+
+def _blocked_on(cluster: Cluster) -> int:
+    """The number (1 or 2) of the running replica where a read waits for the lock of `_ops_locked`; 0 while
+    none."""
+    for number, url in enumerate(cluster.replicas, start=1):
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and state = 'active'"
+                ).fetchone()
+        except psycopg.OperationalError:  # the replica stopped by the test
+            continue
+        if row and row[0]:
+            return number
+    return 0
+
+
+def _in_background(call: Any) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    return thread, result
+
+
+def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+
+
+def test_a_replica_stopped_under_a_read_is_retried_once_on_the_other(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read waits on a replica (a lock replayed from the primary holds it); that replica crashes under it. The
+    read runs once more, on the other replica, and answers 200 with the primary's hits; the crashed one is out
+    of the rotation at once, and back by itself once it runs again."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
+            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+            other = 3 - victim
+            stop_standby(standbys[victim], mode="immediate")
+            # The retry now waits for the same lock on the other replica; the primary's rollback frees it.
+            _until("the retry waiting on the other replica", lambda: _blocked_on(cluster) == other)
+            primary.rollback()
+            thread.join(timeout=60)
+        (response,) = result
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Agentdb-Served-By"] == f"replica{other}"
+        assert _hits(response) == expected
+        (retry,) = _retries(caplog)
+        assert retry.startswith(f"retrying POST /agents/retrieval after replica{victim} failed it")
+        health = {r["name"]: r for r in client.get("/healthz").json()["replicas"]}
+        assert health[f"replica{victim}"]["in_rotation"] is False
+        assert {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        } == {f"replica{other}"}
+        start_standby(cluster.data_dir, victim)
+        _wait_rotation(client, 2)
+        assert {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        } == {
+            "replica1",
+            "replica2",
+        }
+    finally:
+        start_standbys(cluster.data_dir, 2)
+
+
+def test_all_replicas_down_under_a_read_sends_it_to_the_primary(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read waits on one replica; the other stops, then that one crashes under it: the retry finds no replica
+    and the primary answers. With both down every read goes to the primary, without a failure; both come back
+    by themselves when they run again."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
+            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+            stop_standby(standbys[3 - victim], mode="immediate")
+            stop_standby(standbys[victim], mode="immediate")
+            primary.rollback()  # the retry on the primary waits for the lock too
+            thread.join(timeout=60)
+        (response,) = result
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Agentdb-Served-By"] == "primary"
+        assert _hits(response) == expected
+        assert len(_retries(caplog)) == 1
+        reads = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
+        assert [(r.status_code, r.headers["X-Agentdb-Served-By"]) for r in reads] == [(200, "primary")] * 6
+        assert all(_hits(r) == expected for r in reads)
+        assert [r["in_rotation"] for r in client.get("/healthz").json()["replicas"]] == [False, False]
+        start_standbys(cluster.data_dir, 2)
+        _wait_rotation(client, 2)
+        served = {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        }
+        assert served == {"replica1", "replica2"}
+    finally:
+        start_standbys(cluster.data_dir, 2)
+
+
+def test_a_replica_down_before_the_monitor_sees_it_fails_no_read(cluster: Cluster) -> None:
+    """The monitor checks once at start and then not for an hour: a replica that crashes is still in its
+    rotation, so reads reach it, find it down at checkout, take it out and go to the other replica."""
+    app = create_app(_settings(cluster, replica_check_interval_ms=3_600_000))
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            stop_standby(standbys[1], mode="immediate")
+            assert [r.in_rotation for r in app.state.router.replicas] == [
+                True,
+                True,
+            ]  # the monitor has not seen it
+            reads = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
+            assert [(r.status_code, r.headers["X-Agentdb-Served-By"]) for r in reads] == [
+                (200, "replica2")
+            ] * 6
+            health = {r["name"]: r for r in client.get("/healthz").json()["replicas"]}
+            assert health["replica1"]["in_rotation"] is False and health["replica1"]["error"]
+    finally:
+        start_standbys(cluster.data_dir, 2)

@@ -27,7 +27,7 @@ from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
-from agentdb.db.migrate import migrate
+from agentdb.db.migrate import migrate, require_current
 from agentdb.db.pool import open_pool
 from agentdb.db.primary import PrimaryWatcher
 from agentdb.db.replicas import ReadRouter
@@ -279,12 +279,15 @@ RETIRE_AFTER_S = 2.0
 
 
 def move_primary(app: FastAPI, url: str, worker: EmbeddingWorker | None) -> None:
-    """Serve from another primary (DATABASE_URL_FILE named it and it accepts writes): check its migrations,
-    open a pool on it, hand that to new requests, the read router and the background embedder, and close the
-    old primary's pool shortly after."""
+    """Serve from another primary (DATABASE_URL_FILE named it and it accepts writes): check that its schema and
+    stored functions are this agentdb's, open a pool on it, hand that to new requests, the read router and the
+    background embedder, and close the old primary's pool shortly after.
+
+    The schema is checked, not migrated: the new primary is a promoted copy of the old one, and re-creating
+    the stored functions would fail reads running on the replicas at that moment."""
     settings: Settings = app.state.settings
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        migrate(conn)
+    with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+        require_current(conn)
     pool = open_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
     old, app.state.pool = app.state.pool, pool
     if app.state.router is not None:
@@ -315,6 +318,7 @@ def open_router(primary_url: str, urls: tuple[str, ...], settings: Settings) -> 
         urls,
         max_lag_ms=settings.max_replica_lag_ms,
         wait_ms=settings.replica_wait_ms,
+        check_interval_s=settings.replica_check_interval_ms / 1000,
         pool_min_size=settings.pool_min_size,
         pool_max_size=settings.pool_max_size,
     )
