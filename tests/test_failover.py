@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -21,7 +22,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
@@ -66,6 +67,7 @@ def trio() -> Iterator[Trio]:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def search() -> dict[str, Any]:
@@ -109,6 +111,17 @@ def _follow(follower: Standby, leader: Standby) -> None:
         conn.execute("select pg_reload_conf()")
 
 
+def _crash_primary(trio: Trio) -> tuple[Standby, Standby]:
+    """Once both standbys have replayed everything, the primary dies (no shutdown checkpoint). Returns the
+    standby to promote (the one that received the most; they received the same here) and the other."""
+    end = _lsn(trio.primary, "pg_current_wal_lsn")
+    for standby in trio.standbys:
+        _until(f"{standby.name} replays", lambda s=standby: _lsn(s.url(), "pg_last_wal_replay_lsn") >= end)
+    run_binary("pg_ctl", ("-w", "-D", str(trio.data_dir / "pg"), "stop", "-m", "immediate"))
+    leader, follower = sorted(trio.standbys, key=lambda s: -_lsn(s.url(), "pg_last_wal_receive_lsn"))
+    return leader, follower
+
+
 def test_failover_by_repointing_the_url_file(trio: Trio) -> None:
     url_file = trio.data_dir / "primary-url"
     _write_url(url_file, trio.primary)
@@ -145,20 +158,11 @@ def test_failover_by_repointing_the_url_file(trio: Trio) -> None:
         for thread in readers:
             thread.start()
         try:
-            # Both standbys have everything; then the primary dies (no shutdown checkpoint).
-            end = _lsn(trio.primary, "pg_current_wal_lsn")
-            for standby in trio.standbys:
-                _until(
-                    f"{standby.name} replays",
-                    lambda s=standby: _lsn(s.url(), "pg_last_wal_replay_lsn") >= end,
-                )
-            run_binary("pg_ctl", ("-w", "-D", str(trio.data_dir / "pg"), "stop", "-m", "immediate"))
+            leader, follower = _crash_primary(trio)
             # Writes fail while no primary is named; reads go on (replicas).
             down = client.post("/agents", json={"name": "lost", "source": "ops", "retrieval_mode": "lexical"})
             assert down.status_code == 503 and down.json()["error"]["code"] == 9001, down.text
             assert down.headers["Retry-After"] == "1"
-            # Promote the standby that received the most (they received the same here), the other follows it.
-            leader, follower = sorted(trio.standbys, key=lambda s: -_lsn(s.url(), "pg_last_wal_receive_lsn"))
             # Repointed before the promotion: the app waits (and says why) until the server accepts writes.
             _write_url(url_file, leader.url())
             waiting = _until("the wait", lambda: app.state.watcher.status().error)
@@ -222,3 +226,49 @@ def test_failover_by_repointing_the_url_file(trio: Trio) -> None:
                 thread.join()
     assert failures == []
     assert leader.name in served and follower.name in served
+
+
+def test_failover_with_a_multi_host_url(trio: Trio) -> None:
+    """DATABASE_URL naming every candidate with `target_session_attrs=read-write`: no file to rewrite; once the
+    old primary's connections break, the pool's new ones find the promoted standby by themselves."""
+    hosts = [conninfo_to_dict(url) for url in (trio.primary, *(s.url() for s in trio.standbys))]
+    multi = make_conninfo(
+        "",
+        host=",".join(str(h["host"]) for h in hosts),
+        port=",".join(str(h.get("port") or 5432) for h in hosts),
+        dbname="agentdb",
+        user="postgres",
+        target_session_attrs="read-write",
+    )
+    settings = Settings(
+        database_url=multi, replica_urls=tuple(s.url() for s in trio.standbys), embed_interval_s=0
+    )
+    app = create_app(settings)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        _until(
+            "both replicas in rotation", lambda: sum(r.in_rotation for r in app.state.router.replicas) == 2
+        )
+        assert client.post("/agents", json={"name": "before", "source": "ops"}).status_code == 201
+        leader, follower = _crash_primary(trio)
+        reads = [client.post("/agents/retrieval", json=search()) for _ in range(4)]
+        assert [r.status_code for r in reads] == [200] * 4
+        with psycopg.connect(leader.url(), autocommit=True) as conn:
+            assert conn.execute("select pg_promote()").fetchone() == (True,)
+
+        def written() -> Any:
+            response = client.post(
+                "/agents", json={"name": "after", "source": "ops", "retrieval_mode": "lexical"}
+            )
+            assert response.status_code in (201, 503), response.text
+            return response if response.status_code == 201 else None
+
+        after = _until("a write on the promoted standby", written)
+        assert after.headers["X-Agentdb-Served-By"] == "primary"
+        with psycopg.connect(leader.url(), autocommit=True) as conn:
+            names = conn.execute("select name from agentdb.saved_agents order by name").fetchall()
+        assert names == [("after",), ("before",)]
+        run = client.post(
+            "/agents/after/run", json={"input": "backup", "min_lsn": after.headers["X-Agentdb-LSN"]}
+        )
+        assert run.status_code == 200 and run.json()["hits"], run.text
+        assert run.headers["X-Agentdb-Served-By"] != leader.name

@@ -80,6 +80,7 @@ def cluster() -> Iterator[Cluster]:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _settings(cluster: Cluster, **extra: Any) -> Settings:
@@ -382,6 +383,7 @@ def test_start_replicas_status_and_stop_from_the_command_line() -> None:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
