@@ -337,7 +337,7 @@ def repoint(clients: int = 8, seconds: float = 10.0) -> dict[str, Any]:
             created = client.post("/agents", json={"name": "w", "source": "ops", "retrieval_mode": "lexical"})
             assert created.status_code == 201, created.text
         reads: list[tuple[float, str, int]] = []
-        writes: list[tuple[float, int]] = []
+        writes: list[tuple[float, float, int]] = []  # started, answered (s from the beginning), status
         stop = threading.Event()
         begin = time.monotonic()
 
@@ -362,11 +362,12 @@ def repoint(clients: int = 8, seconds: float = 10.0) -> dict[str, Any]:
             with httpx.Client(base_url=base, timeout=60) as http:
                 i = 0
                 while not stop.is_set():
+                    started = time.monotonic() - begin
                     try:
                         status = http.patch("/agents/w", json={"top_k": 1 + i % 10}).status_code
                     except httpx.HTTPError:
                         status = 0
-                    writes.append((time.monotonic() - begin, status))
+                    writes.append((started, time.monotonic() - begin, status))
                     i += 1
                     stop.wait(0.02)
 
@@ -421,19 +422,23 @@ def repoint(clients: int = 8, seconds: float = 10.0) -> dict[str, Any]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
     def first_ok_write(after: float) -> float | None:
-        return next((t - after for t, status in sorted(writes) if t >= after and status == 200), None)
+        """From `after` to the answer of the first successful write sent after it."""
+        return next((end - after for t, end, status in sorted(writes) if t >= after and status == 200), None)
 
-    failed_writes = [t for t, status in writes if status != 200]
+    failed_writes = [t for t, _, status in writes if status != 200]
+    moved_after = first_ok_write(events["file rewritten"])
+    moved_at = events["file rewritten"] + (moved_after if moved_after is not None else float("inf"))
     return {
         "reads": len(reads),
         "reads_failed": sum(status != 200 for _, _, status in reads),
         "writes": len(writes),
         "writes_failed": len(failed_writes),
-        # Writes fail (503, Retry-After) only while no primary accepts them: from the crash to the move.
-        "writes_failed_after_move": sum(1 for t in failed_writes if t > events["file rewritten"] + 1.0),
+        # Writes fail (503, Retry-After) only while no primary accepts them: from the crash to the move (the
+        # first write answered after the file changed); none sent after that may fail.
+        "writes_failed_after_move": sum(1 for t in failed_writes if t >= moved_at),
         "events_s": {k: round(v, 3) for k, v in events.items()},
         "write_outage_s": first_ok_write(events["crash"]),
-        "first_write_after_file_s": first_ok_write(events["file rewritten"]),
+        "first_write_after_file_s": moved_after,
         "reads_served_by": {
             w: sum(1 for _, who, _ in reads if who == w) for w in sorted({w for _, w, _ in reads})
         },
