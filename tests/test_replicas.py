@@ -34,6 +34,7 @@ from agentdb.auth import create_principal, delete_principal
 from agentdb.config import Settings
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
+from agentdb.db.replicas import redact
 from agentdb.db.server import start_embedded, stop_embedded
 from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
 from agentdb.memory import StoreSpec, write_records
@@ -824,3 +825,40 @@ def test_a_replica_down_before_the_monitor_sees_it_fails_no_read(cluster: Cluste
             assert health["replica1"]["in_rotation"] is False and health["replica1"]["error"]
     finally:
         start_standbys(cluster.data_dir, 2)
+
+
+def test_the_url_file_moves_only_to_a_writable_agentdb_database(cluster: Cluster, tmp_path: Path) -> None:
+    """DATABASE_URL_FILE naming a server that is no primary (a standby), one that cannot be reached, a database
+    without agentdb's schema, or nothing at all: the app stays where it is and says why in /healthz; named
+    again, the current primary clears that."""
+    url_file = tmp_path / "primary-url"
+    url_file.write_text(cluster.primary)
+    app = create_app(replace(_settings(cluster), database_url=None, database_url_file=url_file))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        pool = app.state.pool
+        elsewhere = psycopg.conninfo.make_conninfo(cluster.primary, dbname="postgres")
+        gone = psycopg.conninfo.make_conninfo(cluster.primary, port="1")
+        for url, reason in (
+            (cluster.replicas[0], "it is a standby (in recovery): promote it first"),
+            (gone, "cannot connect to it: "),
+            (elsewhere, "moving to it failed: the database has no agentdb schema yet"),
+            ("", "names no database URL (it is empty)"),
+        ):
+            url_file.write_text(url)
+            primary = _until(
+                reason,
+                lambda r=reason: (
+                    (p := client.get("/healthz").json()["primary"])["error"] and r in p["error"] and p
+                ),
+            )
+            assert primary["switches"] == 0 and primary["url"] == redact(cluster.primary)
+            assert app.state.pool is pool
+            assert (
+                client.post(
+                    "/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"}
+                ).status_code
+                == 200
+            )
+        url_file.write_text(cluster.primary)
+        _until("the error cleared", lambda: client.get("/healthz").json()["primary"]["error"] is None)
+        assert app.state.watcher.switches == 0 and app.state.pool is pool

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 
 from agentdb.db.replicas import redact
-from agentdb.errors import DatabaseSetupError
+from agentdb.errors import AgentDBError, DatabaseSetupError
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,9 @@ class PrimaryWatcher:
             return False
         try:
             self.switch(wanted)
+        except AgentDBError as exc:  # e.g. not this agentdb's schema: say so, keep the old primary
+            self._wait(wanted, f"moving to it failed: {exc.message}")
+            return False
         except Exception as exc:  # a failed move leaves the old primary in place; the next check tries again
             log.exception("moving to the new primary failed")
             self._wait(wanted, f"moving to it failed: {_first_line(exc)}")
