@@ -14,6 +14,9 @@ class Settings:
     """Where the database is, where the embedded server keeps its data, and how to serve."""
 
     database_url: str | None = None
+    # A file holding the primary's URL (DATABASE_URL_FILE): read at start instead of DATABASE_URL, and watched
+    # by a running server, which moves to the server it names once that accepts writes (a failover).
+    database_url_file: Path | None = None
     # Streaming replicas of DATABASE_URL (or of the embedded server) that serve reads.
     replica_urls: tuple[str, ...] = ()
     # A replica whose replay lags more than this leaves the rotation until it catches up.
@@ -21,6 +24,8 @@ class Settings:
     # How long a read that names a WAL position (min_lsn) waits for a replica to replay it before the primary
     # serves it.
     replica_wait_ms: float = 500.0
+    # How often the monitor checks every replica's role and replay lag (and the primary's position).
+    replica_check_interval_ms: float = 250.0
     data_dir: Path = field(default_factory=lambda: Path(".agentdb"))
     host: str = "127.0.0.1"
     port: int = 8080
@@ -47,11 +52,20 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         """Build settings from AGENTDB_* / DATABASE_URL variables; keyword overrides win when not None."""
         env = os.environ
+        url_file = Path(env["DATABASE_URL_FILE"]) if env.get("DATABASE_URL_FILE") else None
+        if url_file is not None:
+            from agentdb.db.primary import read_url_file
+
+            database_url: str | None = read_url_file(url_file)
+        else:
+            database_url = env.get("DATABASE_URL") or None
         settings = cls(
-            database_url=env.get("DATABASE_URL") or None,
+            database_url=database_url,
+            database_url_file=url_file,
             replica_urls=_names(env.get("AGENTDB_REPLICA_URLS")),
             max_replica_lag_ms=float(env.get("AGENTDB_MAX_REPLICA_LAG_MS", "1000")),
             replica_wait_ms=float(env.get("AGENTDB_REPLICA_WAIT_MS", "500")),
+            replica_check_interval_ms=float(env.get("AGENTDB_REPLICA_CHECK_INTERVAL_MS", "250")),
             data_dir=Path(env["AGENTDB_DATA_DIR"])
             if env.get("AGENTDB_DATA_DIR")
             else find_data_dir(Path.cwd()),

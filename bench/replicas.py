@@ -14,6 +14,9 @@ bench/.cache/replicas) with two local streaming standbys made by `agentdb start 
     replay it (Server-Timing lsn-wait), p50/p99, and who served the read;
   * failover: 8 clients read for 12 s while replica 1 is stopped (t=3 s), started (t=6 s), both are stopped
     (t=9 s) and started again (t=11 s): failed requests, and how long until the rotation follows each change;
+  * repoint (also alone: `--only repoint`): a primary of its own crashes under 8 readers and a writer, a
+    standby is promoted and DATABASE_URL_FILE rewritten: failed reads (target 0), failed writes (only between
+    the crash and the move) and the outage of writes, all through one `agentdb serve` process;
   * throughput: 32 clients for `--seconds` with lexical retrievals against a server on the primary alone and
     one reading from the primary's two replicas, with the CPU time spent per request by the server process
     and by each PostgreSQL (primary, replicas).
@@ -62,13 +65,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(url: str, port: int, replicas: list[str]) -> subprocess.Popen[bytes]:
-    """`agentdb serve` (this tree's) on 127.0.0.1:`port` reading from `replicas`; waits until it answers."""
+def start_server(
+    url: str, port: int, replicas: list[str], url_file: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """`agentdb serve` (this tree's) on 127.0.0.1:`port` reading from `replicas`, its primary named by `url`
+    or, when given, by the file `url_file` (DATABASE_URL_FILE); waits until it answers."""
     import httpx
 
     env = {
-        **os.environ,
-        "DATABASE_URL": url,
+        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_URL_FILE")},
+        **({"DATABASE_URL_FILE": str(url_file)} if url_file is not None else {"DATABASE_URL": url}),
         "AGENTDB_REPLICA_URLS": ",".join(replicas),
         "AGENTDB_EMBED_INTERVAL_S": "0",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -286,6 +292,205 @@ def failover(port: int, data_dir: Path, texts: list[str], clients: int = 8) -> d
     }
 
 
+REPOINT_DOCS = 400
+
+
+def repoint(clients: int = 8, seconds: float = 10.0) -> dict[str, Any]:
+    """Failover end to end, with a primary of its own (a temporary data directory with a small synthetic source,
+    so that the demo corpus's cluster stays intact) and two standbys; `agentdb serve` names its primary by
+    DATABASE_URL_FILE. `clients` readers and one writer (a PATCH every 20 ms) run throughout; at 2 s the primary
+    crashes (`pg_ctl stop -m immediate`, once both standbys have replayed everything), at 3 s a standby is
+    promoted and the other made to follow it, at 3.5 s the file is rewritten. Counts failed reads and writes and
+    times the outage of writes."""
+    import random
+    import shutil
+    import tempfile
+
+    import httpx
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    from agentdb.db.server import run_binary, start_embedded, stop_embedded
+    from agentdb.db.standbys import start_standbys, stop_standbys
+    from agentdb.sources import create_document_source
+
+    words = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive", "lock", "slot"]
+    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-bench-failover-"))
+    server = None
+    try:
+        primary = start_embedded(data_dir)
+        with connect(primary) as conn:
+            create_document_source(conn, "ops", embedding_model="all-MiniLM-L6-v2", embedding_dim=384)
+            rng = random.Random(3)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "insert into agentdb_docs.ops (doc_id, chunk, title, text) values (%s, 0, %s, %s)",
+                    [(f"d{i}", f"doc {i}", " ".join(rng.choices(words, k=12))) for i in range(REPOINT_DOCS)],
+                )
+        standbys = start_standbys(data_dir, 2)
+        url_file = data_dir / "primary-url"
+        url_file.write_text(primary + "\n")
+        port = _free_port()
+        server = start_server(primary, port, [s.url() for s in standbys], url_file=url_file)
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=60) as client:
+            created = client.post("/agents", json={"name": "w", "source": "ops", "retrieval_mode": "lexical"})
+            assert created.status_code == 201, created.text
+        reads: list[tuple[float, str, int]] = []
+        writes: list[tuple[float, float, int]] = []  # started, answered (s from the beginning), status
+        stop = threading.Event()
+        begin = time.monotonic()
+
+        def reader(offset: int) -> None:
+            with httpx.Client(base_url=base, timeout=60) as http:
+                i = offset
+                while not stop.is_set():
+                    text = f"{words[i % len(words)]} {words[(i * 7) % len(words)]}"
+                    body = {
+                        "query": text,
+                        "queries": [{"table": "ops", "full_text_search": text, "limit": 10}],
+                    }
+                    try:
+                        response = http.post("/agents/retrieval", json=body)
+                        status, who = response.status_code, response.headers.get("X-Agentdb-Served-By", "?")
+                    except httpx.HTTPError:
+                        status, who = 0, "?"
+                    reads.append((time.monotonic() - begin, who, status))
+                    i += clients
+
+        def writer() -> None:
+            with httpx.Client(base_url=base, timeout=60) as http:
+                i = 0
+                while not stop.is_set():
+                    started = time.monotonic() - begin
+                    try:
+                        status = http.patch("/agents/w", json={"top_k": 1 + i % 10}).status_code
+                    except httpx.HTTPError:
+                        status = 0
+                    writes.append((started, time.monotonic() - begin, status))
+                    i += 1
+                    stop.wait(0.02)
+
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(clients)]
+        threads.append(threading.Thread(target=writer))
+        for thread in threads:
+            thread.start()
+
+        def at(second: float) -> None:
+            time.sleep(max(0.0, begin + second - time.monotonic()))
+
+        def lsn(url: str, function: str) -> int:
+            with connect_plain(url) as conn:
+                row = conn.execute(f"select {function}() - '0/0'::pg_lsn").fetchone()  # noqa: S608
+            return int(row[0]) if row and row[0] is not None else 0
+
+        events: dict[str, float] = {}
+        at(2)
+        end = lsn(primary, "pg_current_wal_lsn")
+        for standby in standbys:
+            while lsn(standby.url(), "pg_last_wal_replay_lsn") < end:
+                time.sleep(0.01)
+        events["crash"] = time.monotonic() - begin
+        run_binary("pg_ctl", ("-w", "-D", str(data_dir / "pg"), "stop", "-m", "immediate"))
+        at(3)
+        leader, follower = sorted(standbys, key=lambda s: -lsn(s.url(), "pg_last_wal_receive_lsn"))
+        events["promote"] = time.monotonic() - begin
+        with connect_plain(leader.url()) as conn:
+            conn.execute("select pg_promote()")
+            conn.execute("select pg_create_physical_replication_slot(%s)", (follower.slot,))
+        socket = conninfo_to_dict(leader.url())
+        with connect_plain(follower.url()) as conn:
+            conninfo = (
+                f"host={socket['host']} port={socket['port']} user=postgres application_name={follower.name}"
+            )
+            conn.execute(sql.SQL("alter system set primary_conninfo = {}").format(sql.Literal(conninfo)))
+            conn.execute("select pg_reload_conf()")
+        at(3.5)
+        events["file rewritten"] = time.monotonic() - begin
+        tmp = url_file.with_suffix(".tmp")
+        tmp.write_text(leader.url() + "\n")
+        os.replace(tmp, url_file)
+        at(seconds)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    finally:
+        if server is not None:
+            stop_server(server)
+        stop_standbys(data_dir)
+        stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    def first_ok_write(after: float) -> float | None:
+        """From `after` to the answer of the first successful write sent after it."""
+        return next((end - after for t, end, status in sorted(writes) if t >= after and status == 200), None)
+
+    failed_writes = [t for t, _, status in writes if status != 200]
+    moved_after = first_ok_write(events["file rewritten"])
+    moved_at = events["file rewritten"] + (moved_after if moved_after is not None else float("inf"))
+    return {
+        "reads": len(reads),
+        "reads_failed": sum(status != 200 for _, _, status in reads),
+        "writes": len(writes),
+        "writes_failed": len(failed_writes),
+        # Writes fail (503, Retry-After) only while no primary accepts them: from the crash to the move (the
+        # first write answered after the file changed); none sent after that may fail.
+        "writes_failed_after_move": sum(1 for t in failed_writes if t >= moved_at),
+        "events_s": {k: round(v, 3) for k, v in events.items()},
+        "write_outage_s": first_ok_write(events["crash"]),
+        "first_write_after_file_s": moved_after,
+        "reads_served_by": {
+            w: sum(1 for _, who, _ in reads if who == w) for w in sorted({w for _, w, _ in reads})
+        },
+        # The promoted standby leaves the rotation: its last read counted from the promotion (reads under way
+        # then may finish on it; none starts there once the monitor has seen it, within a check or two).
+        "promoted_last_read_after_promotion_s": max(
+            (t - events["promote"] for t, who, _ in reads if t > events["promote"] and who == leader.name),
+            default=None,
+        ),
+    }
+
+
+def connect_plain(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=5)
+
+
+def print_repoint(result: dict[str, Any], clients: int) -> None:
+    print(
+        f"\nrepoint: {clients} readers and 1 writer; the primary crashes at 2 s, a standby is promoted at 3 s, "
+        "DATABASE_URL_FILE rewritten at 3.5 s (the same agentdb serve process throughout)"
+    )
+    print(
+        format_table(
+            [
+                "reads",
+                "reads failed",
+                "writes",
+                "writes failed",
+                "failed after the move",
+                "write outage s",
+                "first write after the file s",
+                "promoted one's last read s",
+            ],
+            [
+                [
+                    result["reads"],
+                    result["reads_failed"],
+                    result["writes"],
+                    result["writes_failed"],
+                    result["writes_failed_after_move"],
+                    _seconds(result["write_outage_s"]),
+                    _seconds(result["first_write_after_file_s"]),
+                    _seconds(result["promoted_last_read_after_promotion_s"]),
+                ]
+            ],
+            left=0,
+        )
+    )
+
+
 def postgres_cpu(pgdata: Path) -> float:
     """CPU seconds used so far by the server of `pgdata` and its children (backends, walsender, startup)."""
     from agentdb.db.server import read_postmaster
@@ -375,7 +580,23 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0, help="per throughput run")
     parser.add_argument("--no-json", action="store_true")
+    parser.add_argument(
+        "--only",
+        choices=("all", "repoint"),
+        default="all",
+        help="repoint: only the failover by DATABASE_URL_FILE (its own small cluster; writes "
+        "bench/results/replicas-repoint.json)",
+    )
     args = parser.parse_args()
+    if args.only == "repoint":
+        moved = repoint()
+        print_repoint(moved, 8)
+        if not args.no_json:
+            RESULTS.mkdir(exist_ok=True)
+            out = {"machine": machine_facts(), "repoint": moved}
+            (RESULTS / "replicas-repoint.json").write_text(json.dumps(out, indent=2, default=float) + "\n")
+            print(f"\nwrote {RESULTS / 'replicas-repoint.json'}")
+        return 0
 
     from agentdb.db.server import stop_embedded
     from agentdb.db.standbys import start_standbys, stop_standbys
@@ -398,6 +619,7 @@ def main() -> int:
             fail = failover(port, data_dir, texts)
         finally:
             stop_server(server)
+        moved = repoint()
         alone = throughput(url, data_dir, [], texts, args.clients, args.seconds)
         spread = throughput(url, data_dir, replica_urls, texts, args.clients, args.seconds)
         with connect(url) as conn:
@@ -455,6 +677,7 @@ def main() -> int:
             left=0,
         )
     )
+    print_repoint(moved, 8)
     print(
         f"\nthroughput: {args.clients} clients, lexical top {TOP_K}, {args.seconds:.0f} s each, all on this machine"
     )
@@ -502,6 +725,7 @@ def main() -> int:
             "correctness": checked,
             "read_your_writes": ryw,
             "failover": fail,
+            "repoint": moved,
             "throughput": {
                 "clients": args.clients,
                 "seconds": args.seconds,

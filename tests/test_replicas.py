@@ -34,6 +34,7 @@ from agentdb.auth import create_principal, delete_principal
 from agentdb.config import Settings
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
+from agentdb.db.replicas import redact
 from agentdb.db.server import start_embedded, stop_embedded
 from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
 from agentdb.memory import StoreSpec, write_records
@@ -80,6 +81,7 @@ def cluster() -> Iterator[Cluster]:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _settings(cluster: Cluster, **extra: Any) -> Settings:
@@ -256,18 +258,19 @@ def test_a_replica_stopped_under_load_fails_no_request(cluster: Cluster, client:
         thread.start()
     try:
         standbys = {s.name: s for s in list_standbys(cluster.data_dir)}
-        time.sleep(0.5)
+        _until("reads under way", lambda: len(served) >= 10)
         stop_standby(standbys["replica1"])
         assert _wait_rotation(client, 1)[0]["in_rotation"] is False
-        mark = len(served)
-        time.sleep(0.5)
+        # Reads under way when the rotation changed (one per reader) may still name the old server.
+        mark = len(served) + len(threads)
+        _until("reads after the stop", lambda: len(served) >= mark + 10)
         assert set(served[mark:]) == {"replica2"}
         start_standby(cluster.data_dir, 1)
         _wait_rotation(client, 2)
         stop_standbys(cluster.data_dir)
         _wait_rotation(client, 0)
-        mark = len(served)
-        time.sleep(0.5)
+        mark = len(served) + len(threads)
+        _until("reads with both down", lambda: len(served) >= mark + 10)
         assert set(served[mark:]) == {"primary"}
     finally:
         stop.set()
@@ -381,6 +384,7 @@ def test_start_replicas_status_and_stop_from_the_command_line() -> None:
     finally:
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
@@ -489,3 +493,372 @@ def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
     assert len(retries) == 1 and re.match(
         r"retrying POST /agents/retrieval after replica[12] failed it", retries[0]
     )
+
+
+def _wait_replayed(url: str, lsn: str, timeout: float = 30.0) -> None:
+    """Until the standby at `url` has replayed WAL position `lsn`."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not conn.execute("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, f"{url} has not replayed {lsn}"
+            time.sleep(0.02)
+
+
+def test_a_deleted_key_is_refused_at_once_while_the_replicas_lag(cluster: Cluster) -> None:
+    """Replay paused on both replicas (kept in rotation by a generous lag limit): a key deleted on the primary
+    fails at once although the replicas still hold it, and once a principal exists on the primary a keyless read
+    is refused although the replicas know of none. Reads are authenticated on the primary."""
+    app = create_app(_settings(cluster, max_replica_lag_ms=600_000))
+    name = f"p{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(cluster.primary, autocommit=True) as conn:
+        configure(conn)
+        _, key = create_principal(conn, name, tables=["ops"])
+        lsn = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+    for url in cluster.replicas:
+        _wait_replayed(url, lsn)
+    key_header = {"Authorization": f"Bearer {key}"}
+    paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            before = [client.post("/agents/retrieval", json=search(), headers=key_header) for _ in range(2)]
+            assert [r.status_code for r in before] == [200, 200], before[0].text
+            assert {r.headers["X-Agentdb-Served-By"] for r in before} == {"replica1", "replica2"}
+            for conn in paused:
+                conn.execute("select pg_wal_replay_pause()")
+            with psycopg.connect(cluster.primary, autocommit=True) as conn:
+                delete_principal(conn, name)
+            for conn in paused:  # the replicas still know the key
+                assert conn.execute(
+                    "select count(*) from agentdb.principals where name = %s", (name,)
+                ).fetchone() == (1,)
+            after = [client.post("/agents/retrieval", json=search(), headers=key_header) for _ in range(2)]
+            fetched = client.get("/sources/ops/documents/d1", headers=key_header)
+            for response in [*after, fetched]:
+                assert response.status_code == 401, response.text
+                assert response.json()["error"] | {"message": ""} == {
+                    "code": 1401,
+                    "name": "Unauthorized",
+                    "message": "",
+                    "path": "authorization",
+                }
+            assert {r.headers["X-Agentdb-Served-By"] for r in after} == {"replica1", "replica2"}
+            # The other direction: a principal created now closes the keyless server at once.
+            assert client.post("/agents/retrieval", json=search()).status_code == 200
+            with _new_principal(cluster):
+                keyless = client.post("/agents/retrieval", json=search())
+                assert keyless.status_code == 401, keyless.text
+                assert keyless.json()["error"]["path"] == "authorization"
+                for conn in paused:  # they still know only the one deleted above
+                    assert conn.execute("select array_agg(name) from agentdb.principals").fetchone() == (
+                        [name],
+                    )
+    finally:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_resume()")
+            conn.close()
+
+
+def _error(response: Any) -> tuple[int, int, str | None]:
+    return response.status_code, response.json()["error"]["code"], response.json()["error"]["path"]
+
+
+def test_min_lsn_and_consistency_in_the_body(cluster: Cluster, client: TestClient) -> None:
+    """`min_lsn` and `consistency` as fields of the JSON body (retrieval, saved-agent runs) or of the query
+    string (GET reads) work as the headers do; with both, the stricter wins; bad values are 3007 at their
+    name."""
+    body = search()
+    assert client.post("/agents/retrieval", json=body).headers["X-Agentdb-Served-By"].startswith("replica")
+    primary = client.post("/agents/retrieval", json=body | {"consistency": "primary"})
+    assert primary.status_code == 200 and primary.headers["X-Agentdb-Served-By"] == "primary"
+    # "any" in the body does not undo the header's "primary", nor the reverse.
+    for header, field in (("primary", "any"), ("any", "primary")):
+        mixed = client.post(
+            "/agents/retrieval", json=body | {"consistency": field}, headers={"X-Agentdb-Consistency": header}
+        )
+        assert mixed.headers["X-Agentdb-Served-By"] == "primary"
+    created = client.post(
+        "/agents", json={"name": "body-agent", "source": "ops", "retrieval_mode": "lexical"}
+    )
+    assert created.status_code == 201, created.text
+    run = client.post("/agents/body-agent/run", json={"input": "backup", "consistency": "primary"})
+    assert run.status_code == 200 and run.headers["X-Agentdb-Served-By"] == "primary"
+    doc = client.get("/sources/ops/documents/d1", params={"consistency": "primary"})
+    assert doc.status_code == 200 and doc.headers["X-Agentdb-Served-By"] == "primary"
+    # Replay paused on both (kept in rotation by a generous lag limit): a body's min_lsn of a later write waits
+    # its bound, then the primary serves; an older position in the header does not weaken it, and the same
+    # position in the header alone does the same.
+    paused = [psycopg.connect(url, autocommit=True) for url in cluster.replicas]
+    lenient = TestClient(
+        create_app(_settings(cluster, max_replica_lag_ms=600_000)), base_url="http://127.0.0.1"
+    )
+    with lenient:
+        _wait_rotation(lenient, 2)
+        _paused_reads(client, lenient, paused, body)
+    # Bad values: the stable error at the field's name.
+    assert _error(client.post("/agents/retrieval", json=body | {"min_lsn": "yesterday"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.post("/agents/retrieval", json=body | {"min_lsn": 5})) == (400, 3007, "min_lsn")
+    assert _error(client.post("/agents/retrieval", json=body | {"consistency": "eventual"})) == (
+        400,
+        3007,
+        "consistency",
+    )
+    assert _error(client.post("/agents/body-agent/run", json={"input": "x", "min_lsn": "1-2"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.get("/sources/ops/documents/d1", params={"min_lsn": "later"})) == (
+        400,
+        3007,
+        "min_lsn",
+    )
+    assert _error(client.get("/sources/ops/documents/d1", params={"consistency": "eventual"})) == (
+        400,
+        3007,
+        "consistency",
+    )
+    assert client.delete("/agents/body-agent").status_code == 204
+
+
+def _paused_reads(
+    client: TestClient, lenient: TestClient, paused: list[psycopg.Connection[Any]], body: dict[str, Any]
+) -> None:
+    """Reads naming a position the paused replicas have not replayed, in the body, a header or both."""
+    try:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_pause()")
+        written = client.patch("/agents/body-agent", json={"top_k": 4})
+        assert written.status_code == 200, written.text
+        lsn = written.headers["X-Agentdb-LSN"]
+        for extra, headers in (
+            ({"min_lsn": lsn}, {}),
+            ({"min_lsn": lsn}, {"X-Agentdb-Min-LSN": "0/1"}),
+            ({"min_lsn": "0/1"}, {"X-Agentdb-Min-LSN": lsn}),
+        ):
+            read = lenient.post("/agents/retrieval", json=body | extra, headers=headers)
+            assert read.status_code == 200, read.text
+            assert read.headers["X-Agentdb-Served-By"] == "primary", (extra, headers)
+            assert read.headers.get("Server-Timing", "").startswith("lsn-wait;dur="), (
+                extra,
+                headers,
+                read.headers,
+            )
+            ran = lenient.post("/agents/body-agent/run", json={"input": "backup"} | extra, headers=headers)
+            assert ran.status_code == 200 and ran.headers["X-Agentdb-Served-By"] == "primary"
+            assert len(ran.json()["hits"]) == 4  # the agent as just changed
+        old = lenient.post("/agents/retrieval", json=body | {"min_lsn": "0/1"})
+        assert old.headers["X-Agentdb-Served-By"].startswith("replica") and "Server-Timing" not in old.headers
+        fetched = lenient.get(
+            "/sources/ops/documents/d1", params={"min_lsn": lsn}, headers={"X-Agentdb-Min-LSN": "0/1"}
+        )
+        assert fetched.status_code == 200 and fetched.headers["X-Agentdb-Served-By"] == "primary"
+    finally:
+        for conn in paused:
+            conn.execute("select pg_wal_replay_resume()")
+            conn.close()
+
+
+def _until(what: str, test: Any, timeout: float = 30.0) -> Any:
+    """Poll `test` until it returns something true, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := test()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+    return found
+
+
+@contextmanager
+def _ops_locked(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    """Table `ops` locked on the primary (ACCESS EXCLUSIVE, in an open transaction) and, through the WAL, on
+    both replicas: a read of it waits there until the transaction ends. Rolled back on leaving."""
+    with psycopg.connect(cluster.primary) as primary:
+        primary.execute("lock table agentdb_docs.ops in access exclusive mode")
+        primary.execute("select pg_current_wal_lsn()")  # the lock's WAL record leaves with the next flush
+        for url in cluster.replicas:
+            with psycopg.connect(url, autocommit=True) as conn:
+                _until(
+                    "the lock replayed",
+                    lambda c=conn: (
+                        c.execute(
+                            "select count(*) from pg_locks where locktype = 'relation'"
+                            " and relation = 'agentdb_docs.ops'::regclass and mode = 'AccessExclusiveLock'"
+                        ).fetchone()
+                        == (1,)
+                    ),
+                )
+        try:
+            yield primary
+        finally:
+            primary.rollback()
+
+
+def _blocked_on(cluster: Cluster) -> int:
+    """The number (1 or 2) of the running replica where a read waits for the lock of `_ops_locked`; 0 while
+    none."""
+    for number, url in enumerate(cluster.replicas, start=1):
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and state = 'active'"
+                ).fetchone()
+        except psycopg.OperationalError:  # the replica stopped by the test
+            continue
+        if row and row[0]:
+            return number
+    return 0
+
+
+def _in_background(call: Any) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    return thread, result
+
+
+def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+
+
+def test_a_replica_stopped_under_a_read_is_retried_once_on_the_other(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read waits on a replica (a lock replayed from the primary holds it); that replica crashes under it. The
+    read runs once more, on the other replica, and answers 200 with the primary's hits; the crashed one is out
+    of the rotation at once, and back by itself once it runs again."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
+            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+            other = 3 - victim
+            stop_standby(standbys[victim], mode="immediate")
+            # The retry now waits for the same lock on the other replica; the primary's rollback frees it.
+            _until("the retry waiting on the other replica", lambda: _blocked_on(cluster) == other)
+            primary.rollback()
+            thread.join(timeout=60)
+        (response,) = result
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Agentdb-Served-By"] == f"replica{other}"
+        assert _hits(response) == expected
+        (retry,) = _retries(caplog)
+        assert retry.startswith(f"retrying POST /agents/retrieval after replica{victim} failed it")
+        health = {r["name"]: r for r in client.get("/healthz").json()["replicas"]}
+        assert health[f"replica{victim}"]["in_rotation"] is False
+        assert {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        } == {f"replica{other}"}
+        start_standby(cluster.data_dir, victim)
+        _wait_rotation(client, 2)
+        assert {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        } == {
+            "replica1",
+            "replica2",
+        }
+    finally:
+        start_standbys(cluster.data_dir, 2)
+
+
+def test_all_replicas_down_under_a_read_sends_it_to_the_primary(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read waits on one replica; the other stops, then that one crashes under it: the retry finds no replica
+    and the primary answers. With both down every read goes to the primary, without a failure; both come back
+    by themselves when they run again."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
+            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+            stop_standby(standbys[3 - victim], mode="immediate")
+            stop_standby(standbys[victim], mode="immediate")
+            primary.rollback()  # the retry on the primary waits for the lock too
+            thread.join(timeout=60)
+        (response,) = result
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Agentdb-Served-By"] == "primary"
+        assert _hits(response) == expected
+        assert len(_retries(caplog)) == 1
+        reads = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
+        assert [(r.status_code, r.headers["X-Agentdb-Served-By"]) for r in reads] == [(200, "primary")] * 6
+        assert all(_hits(r) == expected for r in reads)
+        assert [r["in_rotation"] for r in client.get("/healthz").json()["replicas"]] == [False, False]
+        start_standbys(cluster.data_dir, 2)
+        _wait_rotation(client, 2)
+        served = {
+            client.post("/agents/retrieval", json=search()).headers["X-Agentdb-Served-By"] for _ in range(4)
+        }
+        assert served == {"replica1", "replica2"}
+    finally:
+        start_standbys(cluster.data_dir, 2)
+
+
+def test_a_replica_down_before_the_monitor_sees_it_fails_no_read(cluster: Cluster) -> None:
+    """The monitor checks once at start and then not for an hour: a replica that crashes is still in its
+    rotation, so reads reach it, find it down at checkout, take it out and go to the other replica."""
+    app = create_app(_settings(cluster, replica_check_interval_ms=3_600_000))
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            _wait_rotation(client, 2)
+            stop_standby(standbys[1], mode="immediate")
+            assert [r.in_rotation for r in app.state.router.replicas] == [
+                True,
+                True,
+            ]  # the monitor has not seen it
+            reads = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
+            assert [(r.status_code, r.headers["X-Agentdb-Served-By"]) for r in reads] == [
+                (200, "replica2")
+            ] * 6
+            health = {r["name"]: r for r in client.get("/healthz").json()["replicas"]}
+            assert health["replica1"]["in_rotation"] is False and health["replica1"]["error"]
+    finally:
+        start_standbys(cluster.data_dir, 2)
+
+
+def test_the_url_file_moves_only_to_a_writable_agentdb_database(cluster: Cluster, tmp_path: Path) -> None:
+    """DATABASE_URL_FILE naming a server that is no primary (a standby), one that cannot be reached, a database
+    without agentdb's schema, or nothing at all: the app stays where it is and says why in /healthz; named
+    again, the current primary clears that."""
+    url_file = tmp_path / "primary-url"
+    url_file.write_text(cluster.primary)
+    app = create_app(replace(_settings(cluster), database_url=None, database_url_file=url_file))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        pool = app.state.pool
+        elsewhere = psycopg.conninfo.make_conninfo(cluster.primary, dbname="postgres")
+        gone = psycopg.conninfo.make_conninfo(cluster.primary, port="1")
+        for url, reason in (
+            (cluster.replicas[0], "it is a standby (in recovery): promote it first"),
+            (gone, "cannot connect to it: "),
+            (elsewhere, "moving to it failed: the database has no agentdb schema yet"),
+            ("", "names no database URL (it is empty)"),
+        ):
+            url_file.write_text(url)
+            primary = _until(
+                reason,
+                lambda r=reason: (
+                    (p := client.get("/healthz").json()["primary"])["error"] and r in p["error"] and p
+                ),
+            )
+            assert primary["switches"] == 0 and primary["url"] == redact(cluster.primary)
+            assert app.state.pool is pool
+            assert (
+                client.post(
+                    "/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"}
+                ).status_code
+                == 200
+            )
+        url_file.write_text(cluster.primary)
+        _until("the error cleared", lambda: client.get("/healthz").json()["primary"]["error"] is None)
+        assert app.state.watcher.switches == 0 and app.state.pool is pool

@@ -105,6 +105,17 @@ class RetrievalRequest(BaseModel):
     generator: GeneratorSpec | None = None
     steps: Steps | None = None
     memory: MemoryOptions | None = None
+    # Read-your-writes, as the X-Agentdb-Min-LSN and X-Agentdb-Consistency headers (the stricter wins); the
+    # server reads them before it validates the rest (agentdb.api.deps.read_wish), as they choose the server.
+    min_lsn: str | None = Field(
+        None,
+        max_length=40,
+        description="the X-Agentdb-LSN of an earlier write: served by a replica that has replayed it, else "
+        "by the primary",
+    )
+    consistency: Literal["any", "primary"] | None = Field(
+        None, description='"primary" reads from the primary; "any" (default) from a replica'
+    )
 
 
 class IndexScores(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from fastapi import APIRouter, Body, Depends, Request
@@ -21,6 +21,9 @@ class RunRequest(BaseModel):
     diagnostics: bool = False
     # The run's variables, for an agent whose memory store name uses them (`user_{var.user_id}`).
     vars: dict[str, str | int] | None = None
+    # Read-your-writes, as in POST /agents/retrieval (agentdb.api.deps.read_wish reads them).
+    min_lsn: str | None = Field(None, max_length=40, description="as in POST /agents/retrieval")
+    consistency: Literal["any", "primary"] | None = Field(None, description="as in POST /agents/retrieval")
 
 
 @router.post("/agents", response_model=saved_agents.SavedAgent, status_code=201)

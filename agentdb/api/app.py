@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,8 +27,9 @@ from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
-from agentdb.db.migrate import migrate
+from agentdb.db.migrate import migrate, require_current
 from agentdb.db.pool import open_pool
+from agentdb.db.primary import PrimaryWatcher
 from agentdb.db.replicas import ReadRouter
 from agentdb.embed import load_embedder
 from agentdb.errors import (
@@ -65,12 +67,24 @@ class ReplicaOut(BaseModel):
     error: str | None = None
 
 
+class PrimaryOut(BaseModel):
+    """Where the primary is, as DATABASE_URL_FILE names it, and a move to another not done yet (and why)."""
+
+    url: str
+    file: str | None
+    switches: int
+    pending: str | None
+    error: str | None
+
+
 class Health(BaseModel):
     status: str
     database: str
     version: str
     # The read replicas (none configured: empty): role, replay lag and whether reads go to them.
     replicas: list[ReplicaOut] = []
+    # With DATABASE_URL_FILE: the primary it names (None without the file).
+    primary: PrimaryOut | None = None
 
 
 class SourceOut(BaseModel):
@@ -120,9 +134,17 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         if settings.embed_interval_s > 0:
             worker = EmbeddingWorker(app.state.pool, load_embedder, interval=settings.embed_interval_s)
             worker.start()
+        app.state.watcher = None
+        if own_pool and settings.database_url_file is not None:
+            app.state.watcher = PrimaryWatcher(
+                settings.database_url_file, url, lambda new: move_primary(app, new, worker)
+            )
+            app.state.watcher.start()
         try:
             yield
         finally:
+            if app.state.watcher is not None:
+                app.state.watcher.close()
             if worker is not None:
                 worker.stop()
             if app.state.router is not None:
@@ -206,11 +228,13 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
         row = conn.execute("select current_setting('server_version')").fetchone()
         router = request.app.state.router
+        watcher = getattr(request.app.state, "watcher", None)
         return Health(
             status="ok",
             database=f"PostgreSQL {row[0] if row else '?'}",
             version=__version__,
             replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
+            primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
         )
 
     @app.get("/sources/{name}", response_model=SourceOut)
@@ -249,10 +273,36 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     return app
 
 
+# A pool left by a failover is closed this long after the move, so that a request that took it just before
+# gets its connection (and fails on the dead server, or finishes on a live one) rather than a closed pool.
+RETIRE_AFTER_S = 2.0
+
+
+def move_primary(app: FastAPI, url: str, worker: EmbeddingWorker | None) -> None:
+    """Serve from another primary (DATABASE_URL_FILE named it and it accepts writes): check that its schema and
+    stored functions are this agentdb's, open a pool on it, hand that to new requests, the read router and the
+    background embedder, and close the old primary's pool shortly after.
+
+    The schema is checked, not migrated: the new primary is a promoted copy of the old one, and re-creating
+    the stored functions would fail reads running on the replicas at that moment."""
+    settings: Settings = app.state.settings
+    with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+        require_current(conn)
+    pool = open_pool(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    old, app.state.pool = app.state.pool, pool
+    if app.state.router is not None:
+        app.state.router.repoint(url)
+    if worker is not None:
+        worker.pool = pool
+    retire = threading.Timer(RETIRE_AFTER_S, old.close)
+    retire.daemon = True
+    retire.start()
+
+
 def replica_urls(settings: Settings, *, embedded: bool) -> tuple[str, ...]:
     """The replicas to read from: those configured (AGENTDB_REPLICA_URLS, --replica), else, for the embedded
     server this app started itself, its running standbys (`agentdb start --replicas N`)."""
-    if settings.replica_urls or not embedded or settings.database_url:
+    if settings.replica_urls or not embedded or settings.database_url or settings.database_url_file:
         return settings.replica_urls
     from agentdb.db.standbys import list_standbys
 
@@ -268,6 +318,7 @@ def open_router(primary_url: str, urls: tuple[str, ...], settings: Settings) -> 
         urls,
         max_lag_ms=settings.max_replica_lag_ms,
         wait_ms=settings.replica_wait_ms,
+        check_interval_s=settings.replica_check_interval_ms / 1000,
         pool_min_size=settings.pool_min_size,
         pool_max_size=settings.pool_max_size,
     )

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from weakref import WeakKeyDictionary
 
+import orjson
 import psycopg
-from fastapi import Depends, Header, Request, Response, Security
+from fastapi import Depends, Header, Query, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -22,7 +23,14 @@ from starlette.concurrency import run_in_threadpool
 from agentdb.auth import Principal, any_principals, authenticate
 from agentdb.config import Settings
 from agentdb.db.replicas import ReadRouter, Replica, parse_lsn
-from agentdb.errors import DatabaseSetupError, DatabaseUnavailable, Forbidden, Unauthorized, is_outage
+from agentdb.errors import (
+    DatabaseSetupError,
+    DatabaseUnavailable,
+    Forbidden,
+    InvalidParamValue,
+    Unauthorized,
+    is_outage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +121,24 @@ Consistency = Annotated[
 ]
 
 
+MinLsnParam = Annotated[
+    str | None,
+    Query(
+        alias="min_lsn",
+        max_length=40,
+        description=f"as the {MIN_LSN_HEADER} header (also a field of a JSON body); the stricter wins",
+    ),
+]
+ConsistencyParam = Annotated[
+    Literal["any", "primary"] | None,
+    Query(
+        alias="consistency",
+        description=f"as the {CONSISTENCY_HEADER} header (also a field of a JSON body); the stricter wins",
+    ),
+]
+CONSISTENCIES = ("any", "primary")
+
+
 @dataclass(frozen=True)
 class ReadWish:
     """What a read asks of the server that serves it."""
@@ -126,6 +152,61 @@ class ReadWish:
             min_lsn=None if min_lsn is None else parse_lsn(min_lsn, MIN_LSN_HEADER.lower()),
             primary=consistency == "primary",
         )
+
+    @classmethod
+    def from_fields(cls, min_lsn: object, consistency: object) -> ReadWish:
+        """From a query string's or a JSON body's `min_lsn` and `consistency` (3007 at that name when bad)."""
+        if min_lsn is not None and not isinstance(min_lsn, str):
+            raise InvalidParamValue(
+                f"min_lsn must be a WAL position as a string such as 0/3018DC8, not {type(min_lsn).__name__}",
+                path="min_lsn",
+            )
+        if consistency is not None and consistency not in CONSISTENCIES:
+            raise InvalidParamValue(
+                f"consistency must be 'any' or 'primary', not {str(consistency)[:40]!r}", path="consistency"
+            )
+        return cls(
+            min_lsn=None if min_lsn is None else parse_lsn(min_lsn, "min_lsn"),
+            primary=consistency == "primary",
+        )
+
+    def stricter(self, other: ReadWish) -> ReadWish:
+        """Both wishes at once: the later WAL position, and the primary if either asks for it."""
+        positions = [p for p in (self.min_lsn, other.min_lsn) if p is not None]
+        return ReadWish(min_lsn=max(positions) if positions else None, primary=self.primary or other.primary)
+
+
+async def read_wish(
+    request: Request,
+    min_lsn: MinLsn = None,
+    consistency: Consistency = None,
+    query_min_lsn: MinLsnParam = None,
+    query_consistency: ConsistencyParam = None,
+) -> ReadWish:
+    """What a read asks for, from its headers, its query string and the `min_lsn` and `consistency` fields of
+    its JSON body: when several say something, the stricter wins (the later position; the primary when any
+    asks for it). The body is read as FastAPI read it (cached), before the body model is validated."""
+    wish = ReadWish.from_headers(min_lsn, consistency).stricter(
+        ReadWish.from_fields(query_min_lsn, query_consistency)
+    )
+    body = await _json_object(request)
+    if body:
+        wish = wish.stricter(ReadWish.from_fields(body.get("min_lsn"), body.get("consistency")))
+    return wish
+
+
+async def _json_object(request: Request) -> dict[str, Any] | None:
+    """The request's body when it is a JSON object (what else it is, the body model reports)."""
+    if request.method in SAFE_METHODS:
+        return None
+    raw = await request.body()
+    if not raw.lstrip().startswith(b"{"):
+        return None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _replica_checkout(
@@ -212,10 +293,11 @@ def connection(request: Request) -> Iterator[psycopg.Connection[Any]]:
 
 
 def read_connection(
-    request: Request, min_lsn: MinLsn = None, consistency: Consistency = None
+    request: Request,
+    wish: ReadWish = Depends(read_wish),  # noqa: B008
 ) -> Iterator[psycopg.Connection[Any]]:
     """`request_connection` as a dependency for a request that only reads: a replica's when one may serve it."""
-    with request_connection(request, ReadWish.from_headers(min_lsn, consistency)) as conn:
+    with request_connection(request, wish) as conn:
         yield conn
 
 
@@ -261,7 +343,8 @@ def _retry_elsewhere(request: Request, exc: Exception) -> bool:
         request.state.failed_replicas = frozenset({replica.name})
     elif isinstance(exc, NeedsPrimary | psycopg.errors.ReadOnlySqlTransaction) or (
         isinstance(exc, Unauthorized)
-        and request.headers.get("authorization")  # a key newer than the replica?
+        and request.headers.get("authorization")  # a key newer than the replica (its role not replayed yet)?
+        and not getattr(request.state, "key_refused", False)
     ):
         request.state.primary_only = True
     else:
@@ -322,8 +405,7 @@ def read_principal(
 
 async def request_scope(
     request: Request,
-    min_lsn: MinLsn = None,
-    consistency: Consistency = None,
+    wish: ReadWish = Depends(read_wish),  # noqa: B008
     _declared: HTTPAuthorizationCredentials | None = Security(BEARER),  # noqa: B008
 ) -> AsyncIterator[tuple[psycopg.Connection[Any], Principal | None]]:
     """`read_connection` and `read_principal` in one: a connection for a read and the authenticated caller, for
@@ -331,7 +413,6 @@ async def request_scope(
     to the pool's threads (as two sync dependencies they take three), and run before the body is validated, as
     with those dependencies; the connection goes back on the event loop (a put needs no I/O). Declare it with
     `scope="function"` so that it is back before a streamed response starts."""
-    wish = ReadWish.from_headers(min_lsn, consistency)
     stack = ExitStack()
 
     def enter() -> tuple[psycopg.Connection[Any], Principal | None]:
@@ -353,11 +434,54 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
     not open up: bound to a non-loopback address it then refuses every request. A keyless server also
     answers only requests addressed to it by a loopback name (or a configured one: DNS rebinding) and not
     sent by another site's page (a browser's Origin header; cross-site request forgery)."""
+    authorization = request.headers.get("authorization")
+    if getattr(request.state, "replica", None) is not None:
+        decided = _primary_principal(request, authorization)
+        if decided is not None:
+            if decided[0]:
+                return decided[1]
+            _open_access(request)
+            return None
     has_principals = getattr(request.state, "any_principals", None)
     if has_principals is None:
         has_principals = any_principals(conn)
-    if has_principals or request.headers.get("authorization"):
-        return authenticate(conn, request.headers.get("authorization"))  # no principal: any key is wrong
+    if has_principals or authorization:
+        return authenticate(conn, authorization)  # no principal: any key is wrong
+    _open_access(request)
+    return None
+
+
+def _primary_principal(request: Request, authorization: str | None) -> tuple[bool, Principal | None] | None:
+    """For a read a replica serves: whether principals exist and who the caller is, asked of the primary, so
+    that a key deleted (or a principal created: the server no longer answers keyless requests) a moment ago
+    counts at once and not once the replica has replayed it. None when the primary cannot be reached (its
+    monitor saw it down, or this checkout failed): the replica decides, as it is the best copy left."""
+    router: ReadRouter | None = request.app.state.router
+    if router is not None and not router.primary_reachable:
+        return None
+    settings: Settings = request.app.state.settings
+    try:
+        with _checkout(request.app.state.pool, settings.statement_timeout_ms) as (conn, has_principals):
+            if not (has_principals or authorization):
+                return False, None
+            try:
+                return True, authenticate(conn, authorization)
+            except Unauthorized:
+                request.state.key_refused = True  # by the primary: no point in retrying there
+                raise
+    except (psycopg.OperationalError, PoolTimeout, DatabaseUnavailable) as exc:
+        reason = (
+            exc.message if isinstance(exc, DatabaseUnavailable) else str(exc).strip() or type(exc).__name__
+        )
+        log.warning(
+            "the primary cannot authenticate a read (%s); the replica serving it does", reason.splitlines()[0]
+        )
+        return None
+
+
+def _open_access(request: Request) -> None:
+    """A request to a server without principals: Forbidden unless `open_access_allowed` and
+    `check_local_request` allow it."""
     settings: Settings = request.app.state.settings
     if not open_access_allowed(settings):
         raise Forbidden(
@@ -365,7 +489,6 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
             hint="create one with `agentdb principal create NAME --tables ...`, or serve on 127.0.0.1",
         )
     check_local_request(request, settings)
-    return None
 
 
 def open_access_allowed(settings: Settings) -> bool:

@@ -21,12 +21,11 @@ from pydantic import BaseModel
 
 from agentdb.api.deps import (
     BEARER,
-    Consistency,
     DatabaseRoute,
-    MinLsn,
     ReadWish,
     connection,
     principal,
+    read_wish,
     request_connection,
     request_principal,
 )
@@ -237,12 +236,13 @@ class RecallOut(RecallResult):
 
 
 def recall_connection(
-    request: Request, touch: bool = True, min_lsn: MinLsn = None, consistency: Consistency = None
+    request: Request,
+    touch: bool = True,
+    wish: ReadWish = Depends(read_wish),  # noqa: B008
 ) -> Iterator[psycopg.Connection[Any]]:
     """A recall that touches its records (the default) writes their last-access times, on the primary; one
     that does not (`touch=false`) only reads, and a replica may serve it."""
-    wish = None if touch else ReadWish.from_headers(min_lsn, consistency)
-    with request_connection(request, wish) as conn:
+    with request_connection(request, None if touch else wish) as conn:
         yield conn
 
 

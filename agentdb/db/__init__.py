@@ -12,7 +12,12 @@ from agentdb.errors import from_db_error
 
 
 def resolve_url(settings: Settings, *, keep_running: bool = False) -> str:
-    """The URL to use: DATABASE_URL when given, else the embedded server (started if needed)."""
+    """The URL to use: the one in DATABASE_URL_FILE (read now: it may have changed), else DATABASE_URL, else the
+    embedded server (started if needed)."""
+    if settings.database_url_file is not None:
+        from agentdb.db.primary import read_url_file
+
+        return read_url_file(settings.database_url_file)
     if settings.database_url:
         return settings.database_url
     return start_embedded(settings.data_dir, keep_running=keep_running)

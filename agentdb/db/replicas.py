@@ -149,6 +149,10 @@ class ReadRouter:
         ]
         self._positions: deque[tuple[float, int]] = deque()
         self._primary: psycopg.Connection[Any] | None = None
+        self._primary_url = primary_url  # where `_primary` is connected
+        # Whether the last check reached the primary: while it does not, a read on a replica is authenticated
+        # there instead of waiting on the primary at every request (agentdb.api.deps).
+        self.primary_reachable = True
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -192,11 +196,22 @@ class ReadRouter:
             except Exception:  # the monitor must outlive any one bad check
                 log.exception("replica check failed")
 
+    def repoint(self, primary_url: str) -> None:
+        """Measure lag against another primary from now on (a failover); the monitor reconnects at its next
+        check, and the old primary's positions are forgotten."""
+        with self._lock:
+            self.primary_url = primary_url
+            self._positions.clear()
+
     def _primary_position(self) -> int | None:
         try:
+            if self._primary is not None and self._primary_url != self.primary_url:
+                self._primary.close()  # the primary moved (repoint)
+                self._primary = None
             if self._primary is None or self._primary.closed:
+                self._primary_url = self.primary_url
                 self._primary = psycopg.connect(
-                    self.primary_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    self._primary_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
                 )
             row = self._primary.execute("select pg_current_wal_lsn()::text").fetchone()
         except psycopg.Error as exc:
@@ -222,6 +237,7 @@ class ReadRouter:
         rotation."""
         now = time.monotonic()
         position = self._primary_position()
+        self.primary_reachable = position is not None
         if position is not None:
             with self._lock:
                 self._positions.append((now, position))
@@ -241,8 +257,14 @@ class ReadRouter:
                 replica.lost = False
             replica.error = None
             if not in_recovery or replay is None:
+                if replica.in_rotation:
+                    log.warning("%s left the rotation: it is no longer a standby", replica.name)
                 replica.role, replica.lag_ms, replica.in_rotation = "primary", None, False
-                replica.error = "not a standby (promoted?): it no longer follows the primary"
+                replica.error = (
+                    "it is the primary now (DATABASE_URL names it): not used as a replica"
+                    if same_server(replica.url, self.primary_url)
+                    else "not a standby (promoted?): it no longer follows the primary"
+                )
                 continue
             replica.role = "standby"
             replica.saw(replay)
@@ -302,6 +324,16 @@ class ReadRouter:
 
     def status(self) -> list[ReplicaStatus]:
         return [replica.status() for replica in self.replicas]
+
+
+def same_server(a: str, b: str) -> bool:
+    """Whether two connection strings name the same server and database (spelling aside)."""
+    keys = ("host", "hostaddr", "port", "dbname")
+    try:
+        da, db = conninfo_to_dict(a), conninfo_to_dict(b)
+    except psycopg.ProgrammingError:
+        return a == b
+    return all(da.get(k) == db.get(k) for k in keys)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -185,9 +185,11 @@ def stop_standbys(data_dir: Path) -> list[Standby]:
     return stopped
 
 
-def stop_standby(standby: Standby) -> None:
+def stop_standby(standby: Standby, mode: str = "fast") -> None:
+    """Stop one standby: `fast` (sessions disconnected, a clean shutdown) or `immediate` (as if it crashed: it
+    recovers at its next start)."""
     try:
-        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", "fast"))
+        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", mode))
     except Exception as exc:
         raise DatabaseSetupError(
             f"could not stop standby {standby.number} in {standby.pgdata}: {failure_reason(exc, standby.pgdata)}",
