@@ -725,14 +725,16 @@ def test_migrate_converts_principals_installed_before(
     reader, key = create_principal(
         conn, "reader", tables=["tenants"], row_filter={"tenant": "acme"}, fields=["title", "text", "tenant"]
     )
-    # What the earlier install left: broad grants, a postings policy by source only, no recorded version.
+    # What the earlier install left: broad grants, a postings policy by source only, no recorded version, and
+    # the earlier agentdb's stored functions (another digest).
     conn.execute(
         sql.SQL(
             "grant select on agentdb_docs.tenants, agentdb.term_stats to {role};"
             " drop policy {obj} on agentdb.postings;"
             " create policy {obj} on agentdb.postings as restrictive for select to {role}"
             " using (source_id = any (array[{sid}]));"
-            " update agentdb.principals set install_version = 0"
+            " update agentdb.principals set install_version = 0;"
+            " update agentdb.schema_functions set digest = 'an earlier agentdb'"
         ).format(
             role=sql.Identifier(reader.role),
             obj=sql.Identifier(f"agentdb_p_{reader.id}"),

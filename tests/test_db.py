@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentdb.db.migrate import discover, migrate
+from agentdb.db.migrate import discover, functions_digest, migrate
 from agentdb.db.pool import check_server
 from agentdb.db.server import forget_dead_handles, start_embedded, tuning
 from agentdb.errors import DatabaseSetupError
@@ -79,6 +79,18 @@ def test_migrations_are_recorded_and_idempotent(db_url: str) -> None:
             conn.execute("select count(*) from pg_tables where schemaname like 'agentdb%'").fetchone()
             == tables_before
         )
+
+
+def test_current_functions_are_not_recreated_under_running_readers(db_url: str) -> None:
+    """A migrate with nothing to do leaves the stored functions as they are (re-creating them fails the
+    statements other sessions are running with them); stale ones (another digest) are re-created."""
+    oid = "select 'agentdb.retrieve'::regproc::oid"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        before = conn.execute(oid).fetchone()
+        assert migrate(conn) == [] and conn.execute(oid).fetchone() == before
+        conn.execute("update agentdb.schema_functions set digest = 'an older agentdb'")
+        assert migrate(conn) == [] and conn.execute(oid).fetchone() != before
+        assert conn.execute("select digest from agentdb.schema_functions").fetchone() == (functions_digest(),)
 
 
 def test_concurrent_migrators_wait_for_each_other(server_url: str) -> None:

@@ -75,6 +75,12 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                     (migration.version, migration.name),
                 )
             applied.append(migration.version)
+        # The stored functions are re-created only when they or the tables changed: re-creating them under
+        # a running server (a second agentdb starting, a failover check) fails the statements that other
+        # sessions, on this server or its replicas, are running with them ("cache lookup failed").
+        row = conn.execute("select digest from agentdb.schema_functions").fetchone()
+        if not applied and row is not None and row[0] == functions_digest():
+            return applied
         # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's
         # parameters to be known when the caller is not a superuser.
         conn.execute("select '[1]'::vector")
