@@ -116,6 +116,17 @@ declare
     -- pass), a hair lower so that float rounding never drops a tie.
     kth constant text := $q$
         select coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) $q$;
+    -- Sum the postings of the terms $4 (weights $7) into known scores; theta becomes the greater of $11 and the
+    -- cand-th of those scores among chunks that pass the filter; when the bound $12 of the terms after them is
+    -- below that theta (or 0: no terms after them), the chunks that can still reach it are held (ids, known),
+    -- else ids and known are null.
+    sum_and_hold constant text := format($q$
+        with g as materialized (%s)
+        select t.theta, h.ids, h.known
+        from (select greatest($11, (%s))) t(theta)
+        left join lateral (select coalesce(array_agg(g.chunk_id), '{}') as ids, coalesce(array_agg(g.known), '{}') as known
+                           from g where g.known + $12 >= t.theta) h on $12 < t.theta or $12 = 0 $q$,
+        scores, format(kth, 'g s', filter_sql));
     -- Every statement below takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
     -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
     -- terms after the step, $13 the step's term's max_span (block layout), and the filter's values at
@@ -165,18 +176,13 @@ begin
     step_terms := t_term[1:i];
     step_wk := t_wk[1:i];
     bound := after[i];
-    execute format($q$
-        with g as materialized (%s)
-        select t.theta, h.ids, h.known
-        from (%s) t(theta)
-        left join lateral (select coalesce(array_agg(g.chunk_id), '{}') as ids, coalesce(array_agg(g.known), '{}') as known
-                           from g where g.known + $12 >= t.theta) h on $12 < t.theta $q$,
-        scores, format(kth, 'g s', filter_sql)) into theta, ids, known
+    execute sum_and_hold into theta, ids, known
         using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
               theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
 
     -- 2. Essential: the seed and the next terms, up to the first whose successors' bounds sum below theta; their
-    --    postings are summed (the seed's again) and the chunks that can still reach theta are held.
+    --    postings are summed (the seed's again), theta rises to the cand-th of those sums, and the chunks that
+    --    can still reach it are held.
     j := i;
     if ids is null then
         while j < nt and after[j] >= theta loop
@@ -185,16 +191,9 @@ begin
         step_terms := t_term[1:j];
         step_wk := t_wk[1:j];
         bound := after[j];
-        execute format($q$
-            select coalesce(array_agg(g.chunk_id), '{}'), coalesce(array_agg(g.known), '{}')
-            from (%s) g where g.known + $12 >= $11 $q$, scores) into ids, known
+        execute sum_and_hold into theta, ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
                   theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
-        if j > i then
-            execute format(kth, held, filter_sql) into theta
-                using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
-                      theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
-        end if;
     end if;
 
     -- 3. The rest, one term at a time.
