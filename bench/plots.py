@@ -3,7 +3,7 @@ beside each (matplotlib, headless Agg backend).
 
     .venv/bin/python bench/plots.py            # make bench runs it after scifact.py
 
-- scale.png: p50 (and p95) latency versus corpus size per retrieval mode, log-log;
+- scale.png: p50 latency versus corpus size per retrieval mode, corpus and lexical layout, log-log;
 - scifact.png: nDCG@10 and p50 latency at top 10 of agentdb's rows beside the peers, on the same run;
 - navigation.png: success@1/@3/@10 versus the mean number of nodes read, per method.
 
@@ -47,33 +47,46 @@ def _save(figure: Figure, path: Path) -> None:
 
 
 def scale(data: dict[str, Any], out: Path) -> None:
-    """p50 latency (solid) and p95 (dotted) per mode against the corpus size, both axes logarithmic; the
-    runs without BM25 pruning dashed."""
-    rows = sorted(data["results"], key=lambda r: r["size"])
-    sizes = [r["size"] for r in rows]
-    figure = _figure(7.5, 5)
-    axes: Axes = figure.subplots()
-    for mode, color in MODES.items():
-        for variant, style in ((mode, "-"), (f"{mode}, no pruning", "--")):
-            if not all(variant in r for r in rows):
-                continue
-            p50 = [r[variant]["p50_ms"] for r in rows]
-            p95 = [r[variant]["p95_ms"] for r in rows]
-            axes.plot(sizes, p50, style, color=color, marker="o", label=f"{variant} p50")
-            if style == "-":
-                axes.plot(sizes, p95, ":", color=color, marker=".", alpha=0.6, label=f"{variant} p95")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(sizes, [f"{s:,}" for s in sizes])
-    axes.set_xlabel("corpus size (chunks)")
-    axes.set_ylabel("latency per query (ms)")
+    """p50 latency per mode against the corpus size, both axes logarithmic: one panel per corpus, one line per
+    mode and lexical layout (blocks solid, rows dashed). Rows written before results named their corpus and
+    layout are the synthetic corpus in the row layout."""
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in data["results"]:
+        key = (row.get("corpus") or "synthetic", row.get("layout") or "rows")
+        series.setdefault(key, []).append(row)
+    corpora = sorted({corpus for corpus, _ in series})
+    figure = _figure(5 * len(corpora), 4.8)
+    panels: list[Axes] = list(figure.subplots(1, len(corpora), sharey=True, squeeze=False)[0])
     settings = data.get("settings", {})
-    axes.set_title(
+    for axes, corpus in zip(panels, corpora, strict=True):
+        sizes: set[int] = set()
+        for (name, layout), rows in sorted(series.items()):
+            if name != corpus:
+                continue
+            rows.sort(key=lambda r: r["size"])
+            sizes.update(r["size"] for r in rows)
+            for mode, color in MODES.items():
+                measured = [r for r in rows if mode in r]
+                axes.plot(
+                    [r["size"] for r in measured],
+                    [r[mode]["p50_ms"] for r in measured],
+                    "-" if layout == "blocks" else "--",
+                    color=color,
+                    marker="o",
+                    label=f"{mode} ({layout})",
+                )
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        axes.set_xticks(sorted(sizes), [f"{s:,}" for s in sorted(sizes)])
+        axes.set_xlabel("corpus size (chunks)")
+        axes.set_title(corpus, fontsize=10)
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(fontsize=8)
+    panels[0].set_ylabel("p50 latency per query (ms)")
+    figure.suptitle(
         f"agentdb latency versus corpus size (top {settings.get('top_k', '?')})\n{_subtitle(data)}",
         fontsize=10,
     )
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8, ncol=2)
     _save(figure, out)
 
 
