@@ -262,6 +262,41 @@ def test_group_by_doc_keeps_each_documents_best_convex_chunk(
     assert [h.score for h in got.hits] == pytest.approx([s for _, s in expected], abs=1e-9)
 
 
+def test_group_by_doc_keeps_each_documents_first_rrf_hit_and_results_repeat_the_hits(
+    conn: psycopg.Connection[Any], corpus: dict[str, dict[str, Any]]
+) -> None:
+    """One RRF hit per document: the first of each document in the ungrouped ranking over the same pools
+    (candidates of the dense leg carry their document, the lexical leg's others are looked up: both are in
+    play here); diagnostics.output.results repeat each hit's id, chunk, distance, BM25, ranks and text."""
+    vector = _unit(np.random.default_rng(5))
+    query = "wal lock replica backup"
+    dense, sparse = _legs(conn, query, vector, 100, threshold=0)
+    assert dense.keys() - sparse.keys() and sparse.keys() - dense.keys()
+    # top 25 and grouped top 10 both take 100 candidates a leg
+    flat = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, top_k=25)
+    first: dict[str, Hit] = {}
+    for hit in flat.hits:
+        first.setdefault(hit.id, hit)
+    assert len(first) >= 10
+    grouped = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, group_by_doc=True)
+    assert [(h.id, h.chunk, h.score) for h in grouped.hits] == [
+        (h.id, h.chunk, h.score) for h in list(first.values())[:10]
+    ]
+    for result in (flat, grouped):
+        assert result.diagnostics["output"]["results"] == [
+            {
+                "id": h.id,
+                "chunk": h.chunk,
+                "distance": h.distance,
+                "bm25_score": h.bm25_score,
+                "rank_dense": h.rank_dense,
+                "rank_sparse": h.rank_sparse,
+                "text": h.text,
+            }
+            for h in result.hits
+        ]
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_filters_apply_to_both_legs_before_fusion(
