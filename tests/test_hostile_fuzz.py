@@ -81,6 +81,8 @@ retrieval = st.fixed_dictionaries(
     {"query": st.one_of(hostile_text, value), "queries": st.lists(query, min_size=1, max_size=3)},
     optional={
         "diagnostics": value,
+        "min_lsn": st.one_of(st.just("0/16B3748"), hostile_text, value),
+        "consistency": st.one_of(st.sampled_from(["primary", "any"]), hostile_text, value),
         "max_internal_iterations": value,
         "steps": st.one_of(
             st.dictionaries(hostile_text, value, max_size=2),
