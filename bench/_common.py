@@ -1,15 +1,19 @@
-"""Helpers shared by the benchmark scripts: the embedded database, timing, tables and machine facts."""
+"""Helpers shared by the benchmark scripts: the embedded database, timing, an HTTP load generator, tables and
+machine facts."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +130,90 @@ def time_systems(
     bar.close()
     best = {name: [min(p[name][i] for p in passes) for i in range(n)] for name, _ in systems}
     return results, best, passes[0]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server to listen on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_serving(
+    server: subprocess.Popen[bytes], port: int, ready: Callable[[Any], bool] = lambda health: True
+) -> subprocess.Popen[bytes]:
+    """`server` once the `agentdb serve` it runs answers GET 127.0.0.1:`port`/healthz with 200 and `ready` holds
+    for that response; ends the script if the server exits, or (stopping it) if that takes over 120 s."""
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"agentdb serve exited with {server.returncode}")
+        try:
+            health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            if health.status_code == 200 and ready(health):
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.terminate()
+    raise SystemExit("agentdb serve did not answer within 120 s")
+
+
+@dataclass
+class LoadResult:
+    requests: int
+    errors: int  # responses other than 200
+    seconds: float
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    served_by: dict[str, int] = field(default_factory=dict)  # responses by X-Agentdb-Served-By ("?": none)
+
+
+async def load_test(
+    port: int, texts: Sequence[str], body: Callable[[str], Any], clients: int, seconds: float
+) -> LoadResult:
+    """`clients` concurrent clients (asyncio + httpx, keep-alive) on 127.0.0.1:`port`, each posting its next
+    retrieval (`body` of the next of `texts`, in turn) to /agents/retrieval as soon as the last is answered, for
+    `seconds`; one untimed request per client first opens the connections."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    counter = 0
+    served: dict[str, int] = {}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
+        for text in texts[:clients]:
+            await client.post("/agents/retrieval", json=body(text))
+        end = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal counter, errors
+            while time.perf_counter() < end:
+                text = texts[counter % len(texts)]
+                counter += 1
+                started = time.perf_counter()
+                response = await client.post("/agents/retrieval", json=body(text))
+                errors += response.status_code != 200
+                who = response.headers.get("X-Agentdb-Served-By", "?")
+                served[who] = served.get(who, 0) + 1
+                latencies.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    return LoadResult(
+        requests=len(latencies),
+        errors=errors,
+        seconds=elapsed,
+        req_per_s=len(latencies) / elapsed,
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        served_by=served,
+    )
 
 
 def single_threaded_blas() -> Any:

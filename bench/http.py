@@ -43,7 +43,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -56,10 +55,13 @@ from _common import (
     ROOT,
     embedded_url,
     format_table,
+    free_port,
+    load_test,
     machine_facts,
     percentile,
     time_systems,
     versions,
+    wait_until_serving,
 )
 
 QUESTIONS = ROOT / "examples" / "pgdocs" / "questions.jsonl"
@@ -70,16 +72,8 @@ THRESHOLD = 0.5  # and its defaults for the retrieval itself
 RRF_K = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
     """`agentdb serve` (this tree's) on 127.0.0.1:`port`, as a user runs it; waits until it answers."""
-    import httpx
-
     env = {
         **os.environ,
         "DATABASE_URL": url,
@@ -93,18 +87,7 @@ def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"agentdb serve exited with {server.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.terminate()
-    raise SystemExit("agentdb serve did not answer within 120 s")
+    return wait_until_serving(server, port)
 
 
 def body(question: str, mode: str, window: int) -> dict[str, Any]:
@@ -115,44 +98,18 @@ def body(question: str, mode: str, window: int) -> dict[str, Any]:
     }
 
 
-async def throughput(
-    port: int, questions: list[str], mode: str, clients: int, seconds: float
-) -> dict[str, Any]:
+def throughput(port: int, questions: list[str], mode: str, clients: int, seconds: float) -> dict[str, Any]:
     """`clients` concurrent clients, each sending its next request when the last is answered, for `seconds`."""
-    import httpx
-
-    latencies: list[float] = []
-    errors = 0
-    counter = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
-        for q in questions[:clients]:  # open the connections
-            await client.post("/agents/retrieval", json=body(q, mode, WINDOWS[0]))
-        end = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal counter, errors
-            while time.perf_counter() < end:
-                question = questions[counter % len(questions)]
-                counter += 1
-                started = time.perf_counter()
-                response = await client.post("/agents/retrieval", json=body(question, mode, WINDOWS[0]))
-                if response.status_code != 200:
-                    errors += 1
-                latencies.append((time.perf_counter() - started) * 1000)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - started
+    run = asyncio.run(load_test(port, questions, lambda q: body(q, mode, WINDOWS[0]), clients, seconds))
     return {
         "mode": mode,
         "clients": clients,
-        "requests": len(latencies),
-        "errors": errors,
-        "seconds": round(elapsed, 2),
-        "req_per_s": len(latencies) / elapsed,
-        "p50_ms": percentile(latencies, 50),
-        "p99_ms": percentile(latencies, 99),
+        "requests": run.requests,
+        "errors": run.errors,
+        "seconds": round(run.seconds, 2),
+        "req_per_s": run.req_per_s,
+        "p50_ms": run.p50_ms,
+        "p99_ms": run.p99_ms,
     }
 
 
@@ -196,7 +153,7 @@ def main() -> int:
     embedder = load_embedder(source.embedding_model)
     vectors = np.asarray(embedder.embed(questions), dtype=np.float32)
     chunks = conn.execute(f"select count(*) from agentdb_docs.{DEMO_SOURCE}").fetchone()  # noqa: S608
-    port = _free_port()
+    port = free_port()
     server = start_server(url, port)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
     load_before = machine_facts()["load_average_1m"]
@@ -296,9 +253,7 @@ def main() -> int:
             )
     load_mid = machine_facts()["load_average_1m"]
     runs = [
-        asyncio.run(throughput(port, questions, mode, clients, args.seconds))
-        for mode in MODES
-        for clients in args.clients
+        throughput(port, questions, mode, clients, args.seconds) for mode in MODES for clients in args.clients
     ]
     load_after = machine_facts()["load_average_1m"]
     client.close()

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -49,9 +48,12 @@ from _common import (
     connect,
     embedded_url,
     format_table,
+    free_port,
+    load_test,
     machine_facts,
     percentile,
     versions,
+    wait_until_serving,
 )
 
 QUESTIONS = ROOT / "examples" / "pgdocs" / "questions.jsonl"
@@ -59,19 +61,11 @@ SOURCE = "pgdocs"
 TOP_K = 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(
     url: str, port: int, replicas: list[str], url_file: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """`agentdb serve` (this tree's) on 127.0.0.1:`port` reading from `replicas`, its primary named by `url`
     or, when given, by the file `url_file` (DATABASE_URL_FILE); waits until it answers."""
-    import httpx
-
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_URL_FILE")},
         **({"DATABASE_URL_FILE": str(url_file)} if url_file is not None else {"DATABASE_URL": url}),
@@ -88,21 +82,9 @@ def start_server(
             stdout=log,
             stderr=log,
         )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"agentdb serve exited with {server.returncode}")
-        try:
-            health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            if health.status_code == 200 and sum(r["in_rotation"] for r in health.json()["replicas"]) == len(
-                replicas
-            ):
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.terminate()
-    raise SystemExit("agentdb serve did not answer within 120 s")
+    return wait_until_serving(
+        server, port, lambda health: sum(r["in_rotation"] for r in health.json()["replicas"]) == len(replicas)
+    )
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:
@@ -330,7 +312,7 @@ def repoint(clients: int = 8, seconds: float = 10.0) -> dict[str, Any]:
         standbys = start_standbys(data_dir, 2)
         url_file = data_dir / "primary-url"
         url_file.write_text(primary + "\n")
-        port = _free_port()
+        port = free_port()
         server = start_server(primary, port, [s.url() for s in standbys], url_file=url_file)
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=60) as client:
@@ -509,49 +491,11 @@ def postgres_cpu(pgdata: Path) -> float:
     return total
 
 
-async def load_test(port: int, texts: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    import httpx
-
-    latencies: list[float] = []
-    errors = 0
-    counter = 0
-    served: dict[str, int] = {}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60) as client:
-        for text in texts[:clients]:
-            await client.post("/agents/retrieval", json=lexical(text))
-        end = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal counter, errors
-            while time.perf_counter() < end:
-                text = texts[counter % len(texts)]
-                counter += 1
-                started = time.perf_counter()
-                response = await client.post("/agents/retrieval", json=lexical(text))
-                errors += response.status_code != 200
-                who = response.headers.get("X-Agentdb-Served-By", "?")
-                served[who] = served.get(who, 0) + 1
-                latencies.append((time.perf_counter() - started) * 1000)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - started
-    return {
-        "requests": len(latencies),
-        "errors": errors,
-        "req_per_s": len(latencies) / elapsed,
-        "p50_ms": percentile(latencies, 50),
-        "p99_ms": percentile(latencies, 99),
-        "served_by": served,
-    }
-
-
 def throughput(
     url: str, data_dir: Path, replicas: list[str], texts: list[str], clients: int, seconds: float
 ) -> dict[str, Any]:
     """The load test against a server with `replicas` (none: the primary alone), with CPU per request."""
-    port = _free_port()
+    port = free_port()
     server = start_server(url, port, replicas)
     try:
         pgdatas = {"primary": data_dir / "pg"} | {
@@ -560,12 +504,20 @@ def throughput(
         app = psutil.Process(server.pid)
         cpu_before = {name: postgres_cpu(path) for name, path in pgdatas.items()}
         app_before = sum(app.cpu_times()[:2])
-        result = asyncio.run(load_test(port, texts, clients, seconds))
+        run = asyncio.run(load_test(port, texts, lexical, clients, seconds))
         app_cpu = sum(app.cpu_times()[:2]) - app_before
         db_cpu = {name: postgres_cpu(path) - cpu_before[name] for name, path in pgdatas.items()}
     finally:
         stop_server(server)
-    requests = max(result["requests"], 1)
+    result = {
+        "requests": run.requests,
+        "errors": run.errors,
+        "req_per_s": run.req_per_s,
+        "p50_ms": run.p50_ms,
+        "p99_ms": run.p99_ms,
+        "served_by": run.served_by,
+    }
+    requests = max(run.requests, 1)
     return result | {
         "replicas": len(replicas),
         "app_cpu_ms_per_request": app_cpu * 1000 / requests,
@@ -612,7 +564,7 @@ def main() -> int:
         time.sleep(1.0)  # let both replay what the load wrote
         urls = {"primary": url} | {s.name: s.url() for s in standbys}
         checked = correctness(urls, texts, vectors)
-        port = _free_port()
+        port = free_port()
         server = start_server(url, port, replica_urls)
         try:
             ryw = read_your_writes(port, texts, args.rounds)
