@@ -75,6 +75,20 @@ def open_embedded(data_dir: Path) -> psycopg.Connection[Any]:
     return connect(embedded_url(data_dir))
 
 
+def scifact_missing(dataset: Path) -> bool:
+    """Whether the BEIR SciFact files are missing from `dataset` (then it says so, on stderr)."""
+    missing = [
+        p for p in ("corpus.jsonl.gz", "queries.jsonl", "qrels/test.tsv") if not (dataset / p).exists()
+    ]
+    if missing:
+        print(
+            f"SciFact is not available at {dataset} (missing: {', '.join(missing)}).\n"
+            "Put the BEIR SciFact files there (see ../shared/datasets/scifact/README.md) or pass --dataset DIR.",
+            file=sys.stderr,
+        )
+    return bool(missing)
+
+
 def percentile(latencies_ms: Sequence[float], p: float) -> float:
     return (
         float(np.percentile(np.asarray(latencies_ms, dtype=np.float64), p)) if latencies_ms else float("nan")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import CACHE, RESULTS, SCIFACT, _git, format_table, machine_facts, percentile
+from _common import CACHE, RESULTS, SCIFACT, _git, format_table, machine_facts, percentile, scifact_missing
 
 VERSIONED = ("torch", "sentence-transformers", "transformers", "onnx", "onnxruntime", "numpy")
 BLOCK_DOCS = 64  # documents per embed() call, as write_documents batches them
@@ -167,15 +167,7 @@ def main() -> int:
     args = parser.parse_args()
     dataset: Path = args.dataset
     progress = not args.no_progress
-    missing = [
-        p for p in ("corpus.jsonl.gz", "queries.jsonl", "qrels/test.tsv") if not (dataset / p).exists()
-    ]
-    if missing:
-        print(
-            f"SciFact is not available at {dataset} (missing: {', '.join(missing)}).\n"
-            "Put the BEIR SciFact files there (see ../shared/datasets/scifact/README.md) or pass --dataset DIR.",
-            file=sys.stderr,
-        )
+    if scifact_missing(dataset):
         return 2
 
     from agentdb.embed import load_embedder

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from _common import (
     machine_facts,
     open_embedded,
     percentile,
+    scifact_missing,
     single_threaded_blas,
     time_systems,
     versions,
@@ -197,15 +197,7 @@ def main() -> int:
     args = parser.parse_args()
     dataset: Path = args.dataset
     progress = not args.no_progress
-    missing = [
-        p for p in ("corpus.jsonl.gz", "queries.jsonl", "qrels/test.tsv") if not (dataset / p).exists()
-    ]
-    if missing:
-        print(
-            f"SciFact is not available at {dataset} (missing: {', '.join(missing)}).\n"
-            "Put the BEIR SciFact files there (see ../shared/datasets/scifact/README.md) or pass --dataset DIR.",
-            file=sys.stderr,
-        )
+    if scifact_missing(dataset):
         return 2
 
     import bm25s
