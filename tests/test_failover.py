@@ -7,67 +7,31 @@ accepts writes."""
 from __future__ import annotations
 
 import os
-import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
 from agentdb.config import Settings
-from agentdb.db.migrate import migrate
-from agentdb.db.pool import configure
 from agentdb.db.replicas import redact
-from agentdb.db.server import run_binary, start_embedded, stop_embedded
-from agentdb.db.standbys import Standby, start_standbys, stop_standbys
-from agentdb.sources import create_document_source
-
-WORDS = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive"]
-
-
-@dataclass
-class Trio:
-    data_dir: Path
-    primary: str
-    standbys: list[Standby]
+from agentdb.db.server import run_binary
+from agentdb.db.standbys import Standby
+from tests.standby_cluster import Cluster, standby_cluster
 
 
 @pytest.fixture
-def trio() -> Iterator[Trio]:
+def trio() -> Iterator[Cluster]:
     """A primary with source `ops` (40 rows) and two standbys; everything stopped afterwards."""
-    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-failover-"))
-    url = start_embedded(data_dir)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
-            configure(conn)
-            create_document_source(conn, "ops", embedding_model="all-MiniLM-L6-v2", embedding_dim=384)
-            rng = random.Random(7)
-            vectors = np.random.default_rng(7).normal(size=(40, 384)).astype(np.float32)
-            with conn.cursor() as cur:
-                for i in range(40):
-                    cur.execute(
-                        "insert into agentdb_docs.ops (doc_id, chunk, title, text, metadata, agentdb_embedding)"
-                        " values (%s, 0, %s, %s, %s, %s)",
-                        (f"d{i}", f"doc {i}", " ".join(rng.choices(WORDS, k=8)), Jsonb({}), vectors[i]),
-                    )
-        yield Trio(data_dir, url, start_standbys(data_dir, 2))
-    finally:
-        stop_standbys(data_dir)
-        stop_embedded(data_dir, force=True)
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with standby_cluster("agentdb-failover-", docs=40, seed=7, standbys=2) as cluster:
+        yield cluster
 
 
 def search() -> dict[str, Any]:
@@ -111,7 +75,7 @@ def _follow(follower: Standby, leader: Standby) -> None:
         conn.execute("select pg_reload_conf()")
 
 
-def _crash_primary(trio: Trio) -> tuple[Standby, Standby]:
+def _crash_primary(trio: Cluster) -> tuple[Standby, Standby]:
     """Once both standbys have replayed everything, the primary dies (no shutdown checkpoint). Returns the
     standby to promote (the one that received the most; they received the same here) and the other."""
     end = _lsn(trio.primary, "pg_current_wal_lsn")
@@ -122,7 +86,7 @@ def _crash_primary(trio: Trio) -> tuple[Standby, Standby]:
     return leader, follower
 
 
-def test_failover_by_repointing_the_url_file(trio: Trio) -> None:
+def test_failover_by_repointing_the_url_file(trio: Cluster) -> None:
     url_file = trio.data_dir / "primary-url"
     _write_url(url_file, trio.primary)
     replica_urls = tuple(s.url() for s in trio.standbys)
@@ -228,7 +192,7 @@ def test_failover_by_repointing_the_url_file(trio: Trio) -> None:
     assert leader.name in served and follower.name in served
 
 
-def test_failover_with_a_multi_host_url(trio: Trio) -> None:
+def test_failover_with_a_multi_host_url(trio: Cluster) -> None:
     """DATABASE_URL naming every candidate with `target_session_attrs=read-write`: no file to rewrite; once the
     old primary's connections break, the pool's new ones find the promoted standby by themselves."""
     hosts = [conninfo_to_dict(url) for url in (trio.primary, *(s.url() for s in trio.standbys))]

@@ -15,73 +15,51 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import orjson
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
 from agentdb.auth import create_principal, delete_principal
 from agentdb.config import Settings
-from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
 from agentdb.db.replicas import redact
-from agentdb.db.server import start_embedded, stop_embedded
+from agentdb.db.server import stop_embedded
 from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
 from agentdb.memory import StoreSpec, write_records
-from agentdb.sources import FieldSpec, create_document_source
+from agentdb.sources import FieldSpec
+from tests.standby_cluster import WORDS, Cluster, standby_cluster
 
-WORDS = ["backup", "restore", "wal", "vacuum", "index", "replica", "failover", "archive"]
 TEAMS = ["red", "blue", "green"]
 FIELDS = [FieldSpec(name="team", type="string"), FieldSpec(name="level", type="int")]
 DOCS = 80
 
 
-@dataclass
-class Cluster:
-    data_dir: Path
-    primary: str
-    replicas: list[str]
+def _team_and_level(rng: random.Random) -> dict[str, Any]:
+    return {"team": rng.choice(TEAMS), "level": rng.randint(1, 5)}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A primary with source `ops` (80 rows of random words, metadata and unit vectors) and two standbys."""
-    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-replicas-"))
-    url = start_embedded(data_dir)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
-            configure(conn)
-            create_document_source(
-                conn, "ops", embedding_model="all-MiniLM-L6-v2", embedding_dim=384, fields=FIELDS
-            )
-            rng = random.Random(5)
-            vectors = np.random.default_rng(5).normal(size=(DOCS, 384)).astype(np.float32)
-            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-            with conn.cursor() as cur:
-                for i in range(DOCS):
-                    meta = {"team": rng.choice(TEAMS), "level": rng.randint(1, 5)}
-                    cur.execute(
-                        "insert into agentdb_docs.ops (doc_id, chunk, title, text, metadata, agentdb_embedding)"
-                        " values (%s, 0, %s, %s, %s, %s)",
-                        (f"d{i}", f"doc {i}", " ".join(rng.choices(WORDS, k=8)), Jsonb(meta), vectors[i]),
-                    )
-        standbys = start_standbys(data_dir, 2)
-        yield Cluster(data_dir, url, [s.url() for s in standbys])
-    finally:
-        stop_standbys(data_dir)
-        stop_embedded(data_dir, force=True)
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with standby_cluster(
+        "agentdb-replicas-",
+        docs=DOCS,
+        seed=5,
+        standbys=2,
+        fields=FIELDS,
+        metadata=_team_and_level,
+        unit_vectors=True,
+    ) as built:
+        yield built
 
 
 def _settings(cluster: Cluster, **extra: Any) -> Settings:
