@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,14 @@ from agentdb.config import Settings
 from agentdb.db.pool import configure
 from agentdb.db.replicas import redact
 from agentdb.db.server import stop_embedded
-from agentdb.db.standbys import list_standbys, start_standby, start_standbys, stop_standby, stop_standbys
+from agentdb.db.standbys import (
+    Standby,
+    list_standbys,
+    start_standby,
+    start_standbys,
+    stop_standby,
+    stop_standbys,
+)
 from agentdb.memory import StoreSpec, write_records
 from agentdb.sources import FieldSpec
 from tests.standby_cluster import WORDS, Cluster, standby_cluster
@@ -702,30 +709,57 @@ def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
 
 
+@dataclass
+class HeldRead:
+    """A read sent in the background and waiting on replica `victim` for the lock of `_ops_locked`, which the
+    open transaction `primary` holds; `expected` are the primary's hits for it, `standbys` the cluster's by
+    number, and `response` the read's answer once the block has left."""
+
+    expected: list[tuple[str, float]]
+    standbys: dict[int, Standby]
+    primary: psycopg.Connection[Any]
+    victim: int
+    response: Any = None
+
+
+@contextmanager
+def _a_read_held_on_a_replica(
+    cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> Iterator[HeldRead]:
+    """The set-up shared by the tests that crash replicas under a read. In the block the test stops replicas
+    and ends `held.primary`'s transaction; leaving it waits for the read (60 s at most), releases the lock and
+    puts the read's answer in `held.response`. agentdb.api.deps' messages (the retries) are captured meanwhile."""
+    expected = _hits(
+        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
+    )
+    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
+    with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+        thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
+        victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+        held = HeldRead(expected, standbys, primary, victim)
+        yield held
+        thread.join(timeout=60)
+    (held.response,) = result
+
+
 def test_a_replica_stopped_under_a_read_is_retried_once_on_the_other(
     cluster: Cluster, client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A read waits on a replica (a lock replayed from the primary holds it); that replica crashes under it. The
     read runs once more, on the other replica, and answers 200 with the primary's hits; the crashed one is out
     of the rotation at once, and back by itself once it runs again."""
-    expected = _hits(
-        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
-    )
-    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
     try:
-        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
-            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
-            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
+        with _a_read_held_on_a_replica(cluster, client, caplog) as held:
+            victim = held.victim
             other = 3 - victim
-            stop_standby(standbys[victim], mode="immediate")
+            stop_standby(held.standbys[victim], mode="immediate")
             # The retry now waits for the same lock on the other replica; the primary's rollback frees it.
             _until("the retry waiting on the other replica", lambda: _blocked_on(cluster) == other)
-            primary.rollback()
-            thread.join(timeout=60)
-        (response,) = result
+            held.primary.rollback()
+        response = held.response
         assert response.status_code == 200, response.text
         assert response.headers["X-Agentdb-Served-By"] == f"replica{other}"
-        assert _hits(response) == expected
+        assert _hits(response) == held.expected
         (retry,) = _retries(caplog)
         assert retry.startswith(f"retrying POST /agents/retrieval after replica{victim} failed it")
         health = {r["name"]: r for r in client.get("/healthz").json()["replicas"]}
@@ -751,26 +785,19 @@ def test_all_replicas_down_under_a_read_sends_it_to_the_primary(
     """A read waits on one replica; the other stops, then that one crashes under it: the retry finds no replica
     and the primary answers. With both down every read goes to the primary, without a failure; both come back
     by themselves when they run again."""
-    expected = _hits(
-        client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
-    )
-    standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
     try:
-        with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
-            thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
-            victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
-            stop_standby(standbys[3 - victim], mode="immediate")
-            stop_standby(standbys[victim], mode="immediate")
-            primary.rollback()  # the retry on the primary waits for the lock too
-            thread.join(timeout=60)
-        (response,) = result
+        with _a_read_held_on_a_replica(cluster, client, caplog) as held:
+            stop_standby(held.standbys[3 - held.victim], mode="immediate")
+            stop_standby(held.standbys[held.victim], mode="immediate")
+            held.primary.rollback()  # the retry on the primary waits for the lock too
+        response = held.response
         assert response.status_code == 200, response.text
         assert response.headers["X-Agentdb-Served-By"] == "primary"
-        assert _hits(response) == expected
+        assert _hits(response) == held.expected
         assert len(_retries(caplog)) == 1
         reads = [client.post("/agents/retrieval", json=search()) for _ in range(6)]
         assert [(r.status_code, r.headers["X-Agentdb-Served-By"]) for r in reads] == [(200, "primary")] * 6
-        assert all(_hits(r) == expected for r in reads)
+        assert all(_hits(r) == held.expected for r in reads)
         assert [r["in_rotation"] for r in client.get("/healthz").json()["replicas"]] == [False, False]
         start_standbys(cluster.data_dir, 2)
         _wait_rotation(client, 2)
