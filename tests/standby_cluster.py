@@ -1,11 +1,13 @@
 """An embedded primary of a test's own with a source `ops` of random rows and streaming standbys, made by the
-same helper as `agentdb start --replicas N`: the cluster of tests/test_replicas.py and tests/test_failover.py."""
+same helper as `agentdb start --replicas N`: the cluster of tests/test_replicas.py and tests/test_failover.py,
+and `until`, the poll they wait on it with."""
 
 from __future__ import annotations
 
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -81,3 +83,13 @@ def standby_cluster(
         stop_standbys(data_dir)
         stop_embedded(data_dir, force=True)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def until(what: str, test: Callable[[], Any], *, timeout: float, interval: float) -> Any:
+    """Poll `test` every `interval` seconds until it returns something true, and return that; past `timeout`
+    seconds an assertion naming `what` fails."""
+    deadline = time.monotonic() + timeout
+    while not (found := test()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(interval)
+    return found

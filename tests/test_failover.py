@@ -24,7 +24,7 @@ from agentdb.config import Settings
 from agentdb.db.replicas import redact
 from agentdb.db.server import run_binary
 from agentdb.db.standbys import Standby
-from tests.standby_cluster import Cluster, standby_cluster
+from tests.standby_cluster import Cluster, standby_cluster, until
 
 
 @pytest.fixture
@@ -50,11 +50,7 @@ def _lsn(url: str, function: str) -> int:
 
 def _until(what: str, test: Any, timeout: float = 60.0) -> Any:
     """Poll `test` until it returns something true, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (found := test()):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.05)
-    return found
+    return until(what, test, timeout=timeout, interval=0.05)
 
 
 def _write_url(path: Path, url: str) -> None:

@@ -43,7 +43,7 @@ from agentdb.db.standbys import (
 )
 from agentdb.memory import StoreSpec, write_records
 from agentdb.sources import FieldSpec
-from tests.standby_cluster import WORDS, Cluster, standby_cluster
+from tests.standby_cluster import WORDS, Cluster, standby_cluster, until
 
 TEAMS = ["red", "blue", "green"]
 FIELDS = [FieldSpec(name="team", type="string"), FieldSpec(name="level", type="int")]
@@ -650,11 +650,7 @@ def _paused_reads(
 
 def _until(what: str, test: Any, timeout: float = 30.0) -> Any:
     """Poll `test` until it returns something true, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (found := test()):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
-    return found
+    return until(what, test, timeout=timeout, interval=0.02)
 
 
 @contextmanager
