@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from agentdb.auth import delete_principal, list_principals
 from agentdb.db.migrate import migrate
 from agentdb.db.pool import configure
 from agentdb.db.server import start_embedded, stop_embedded
@@ -90,6 +91,14 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(db_url, autocommit=True) as connection:
         configure(connection)
         yield connection
+
+
+@pytest.fixture
+def drop_principals(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Roles belong to the whole server, not to the test's database: delete every principal afterwards."""
+    yield
+    for p in list_principals(conn):
+        delete_principal(conn, p.name)
 
 
 @pytest.fixture(scope="session")

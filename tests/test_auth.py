@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -59,6 +58,7 @@ WORDS = ["wal", "archive", "vacuum", "index", "replica", "backup", "query", "loc
 N_DOCS = 60
 DOC_IDS = [f"d{i:02d}" for i in range(N_DOCS)]
 _names = itertools.count()
+pytestmark = pytest.mark.usefixtures("drop_principals")  # every test: principals outlive its database
 
 
 def _unit(rng: np.random.Generator) -> np.ndarray:
@@ -95,14 +95,6 @@ def corpus(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
             [(f"o{i}", "wal archive secret", _unit(nprng)) for i in range(3)],
         )
     return rows
-
-
-@pytest.fixture(autouse=True)
-def drop_principals(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """Roles belong to the whole server, not to the test's database: delete every principal afterwards."""
-    yield
-    for p in list_principals(conn):
-        delete_principal(conn, p.name)
 
 
 def _roles(conn: psycopg.Connection[Any]) -> set[str]:

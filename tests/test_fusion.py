@@ -12,7 +12,6 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
-from agentdb.auth import create_principal, delete_principal, list_principals, principal_scope
+from agentdb.auth import create_principal, principal_scope
 from agentdb.cli import main as cli_main
 from agentdb.config import Settings
 from agentdb.errors import InvalidParamValue
@@ -44,6 +43,7 @@ N_DOCS = 50
 DOC_IDS = [f"d{i:02d}" for i in range(N_DOCS)]
 Key = tuple[str, int]
 _names = itertools.count()
+pytestmark = pytest.mark.usefixtures("drop_principals")  # every test: principals outlive its database
 
 
 def _unit(rng: np.random.Generator) -> np.ndarray:
@@ -82,14 +82,6 @@ def corpus(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
             rows,
         )
     return meta
-
-
-@pytest.fixture(autouse=True)
-def drop_principals(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """Roles belong to the whole server, not to the test's database: delete every principal afterwards."""
-    yield
-    for p in list_principals(conn):
-        delete_principal(conn, p.name)
 
 
 def _key(hit: Hit) -> Key:
