@@ -50,10 +50,15 @@ $$;
 -- taken so far (`known`), and theta, the cand-th best known score among chunks that pass the filter: a lower
 -- bound of the final cand-th score. A chunk whose known score plus the bounds of the terms not taken yet is
 -- below theta cannot rank and is dropped.
---   1. Seed: the terms whose postings fit the budget are summed; theta is set from those partial scores.
+--   1. Seed: the terms whose postings fit the budget are summed. theta is primed with exact scores: the best
+--      chunks of those sums (`prime_chunks` more than cand) have their other terms looked up, and theta becomes
+--      the cand-th of their full scores. On real text the best chunks of the rarest terms hold most of the
+--      other terms too, so that theta is close to the final one and fewer terms are essential (scifact-text,
+--      1M chunks: 3.2M essential postings over 25 queries without priming, 1.8M with it, 1.75M knowing the
+--      final theta in advance).
 --   2. Essential: while the bounds of the remaining terms sum to theta or more, a chunk holding none of the
---      terms taken so far could still rank, so the next terms' postings are summed as well; the chunks that
---      can still reach theta are held.
+--      terms taken so far could still rank, so the next terms' postings are summed as well (and theta primed
+--      again from their best chunks); the chunks that can still reach theta are held.
 --   3. The rest (their bounds sum below theta) can only add to chunks already held: each is looked up for the
 --      chunks still in play; theta rises as scores grow and the set shrinks.
 -- Returns the best cand chunks by (score desc, chunk id). filter_sql is '' or a join and where clause on alias s
@@ -87,11 +92,13 @@ declare
         from unnest($4::text[], $7::float8[]) as t(term, wk)
         join agentdb_internal.term_postings($9, $4) p on p.term = t.term
         group by p.chunk_id $q$;
-    -- Add the postings of the one term $4[1] to the held chunks only, by one index scan with the held chunk ids
-    -- as an array condition when they are fewer than half its postings, else by a hash join with all of them
-    -- (measured on a million chunks: each is up to twice as fast as the other on its side of that line).
-    -- In the block layout the lookup reads, for each held chunk, the blocks that may hold it (first chunk within
-    -- the term's max_span, $13, below it) and finds it in the block's offsets.
+    -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are fewer
+    -- than a share of its postings, else by a hash join with all of them. In the row layout the lookup is one
+    -- index scan with the held chunk ids as an array condition, and the share is a half (measured on a million
+    -- chunks: each is up to twice as fast as the other on its side of that line). In the block layout each held
+    -- chunk is looked up in the blocks that may hold it (block_lookup below), about 4 us a chunk against 0.15 to
+    -- 0.3 us a posting to decode and join them all (1M chunks: even at 12 to 34 postings a held chunk), so the
+    -- share is a sixteenth.
     add_term_join constant text := $q$
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
         from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
@@ -100,37 +107,57 @@ declare
         where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
     add_term_lookup constant text := replace(add_term_join, 'from agentdb_internal.term_postings($9, $4) p)',
         'from agentdb.postings p where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1))');
-    add_term_block_lookup constant text := $q$
-        select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
-        from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
-        left join lateral (
-            select $7[1] * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * b.dls[k.i]) as c
-            from agentdb.posting_blocks b
-            cross join lateral (select array_position(b.offs, (h.chunk_id - b.first_chunk)::int4) as i) k
-            where b.source_id = $9 and b.term = $4[1] and b.first_chunk between h.chunk_id - $13 and h.chunk_id
-              and b.last_chunk >= h.chunk_id and k.i is not null) x on true
-        where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
+    -- The contribution to chunk %1$s of term %2$s (weight %3$s, max_span %4$s), or null, read in the row or the
+    -- block layout. In the block layout the blocks that may hold the chunk (first chunk within the term's
+    -- max_span below it) are read by one index scan and the chunk is found in the block's offsets. Each is a
+    -- scalar subquery so that every lookup is one index scan: as a lateral join the planner read every block
+    -- of the term once and tested each chunk against each block (1M chunks: 230 ms against 8 ms for 700
+    -- lookups).
+    row_lookup constant text := $q$
+        (select %3$s * p.tf / (p.tf + $8 + $10 * p.dl) from agentdb.postings p
+         where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$;
+    block_lookup constant text := $q$
+        (select %3$s * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * b.dls[k.i])
+         from agentdb.posting_blocks b
+         cross join lateral (select array_position(b.offs, (%1$s - b.first_chunk)::int4) as i) k
+         where b.source_id = $9 and b.term = %2$s and b.first_chunk between %1$s - %4$s and %1$s
+           and b.last_chunk >= %1$s and k.i is not null
+         limit 1) $q$;
+    add_term_block_lookup constant text := format($q$
+        select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(h.c, 0)), '{}')
+        from (select h.chunk_id, h.known, %s as c from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)) h
+        where h.known + coalesce(h.c, 0) + $12 >= $11 $q$, format(block_lookup, 'h.chunk_id', '$4[1]', '$7[1]', '$13'));
     -- The held chunks, as a relation s(chunk_id, known).
     held constant text := 'unnest($1::bigint[], $2::float8[]) as s(chunk_id, known)';
-    -- The cand-th best known score in relation %s (aliased s) among chunks that pass the filter (0 if fewer
-    -- pass), a hair lower so that float rounding never drops a tie.
+    -- theta ($11), or the cand-th best known score in relation %s (aliased s) among chunks that pass the filter
+    -- if greater (0 if fewer pass), a hair lower so that float rounding never drops a tie.
     kth constant text := $q$
-        select coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) $q$;
-    -- Sum the postings of the terms $4 (weights $7) into known scores; theta becomes the greater of $11 and the
-    -- cand-th of those scores among chunks that pass the filter; when the bound $12 of the terms after them is
-    -- below that theta (or 0: no terms after them), the chunks that can still reach it are held (ids, known),
-    -- else ids and known are null.
+        select greatest($11, coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9)) $q$;
+    -- How many chunks beyond cand the seed and essential steps score exactly to prime theta (each costs one
+    -- lookup a term after the step).
+    prime_chunks constant int := 100;
+    -- Sum the postings of the terms $4 (weights $7) into known scores; take the best cand + prime_chunks of them
+    -- that pass the filter, and add to each the contributions of the terms after the step ($15, weights $16,
+    -- max_spans $13), looked up: their exact scores. theta becomes the greater of $11 and the cand-th of those;
+    -- when the bound $12 of the terms after the step is below it (or 0: no terms after them), the chunks that
+    -- can still reach it are held (ids, known), else ids and known are null.
     sum_and_hold constant text := format($q$
-        with g as materialized (%s)
+        with g as materialized (%s),
+             best as materialized (select s.chunk_id, s.known from g s %s order by s.known desc limit $3 + %s),
+             exact as (select best.known + coalesce((select sum(%s) from unnest($15::text[], $16::float8[], $13::bigint[])
+                                                     as t(term, wk, span)), 0) as known
+                       from best)
         select t.theta, h.ids, h.known
-        from (select greatest($11, (%s))) t(theta)
+        from (%s) t(theta)
         left join lateral (select coalesce(array_agg(g.chunk_id), '{}') as ids, coalesce(array_agg(g.known), '{}') as known
                            from g where g.known + $12 >= t.theta) h on $12 < t.theta or $12 = 0 $q$,
-        scores, format(kth, 'g s', filter_sql));
-    -- Every statement below takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
+        scores, filter_sql, prime_chunks,
+        format(case when blocks then block_lookup else row_lookup end, 'best.chunk_id', 't.term', 't.wk', 't.span'),
+        format(kth, 'exact s', ''));
+    -- Every statement here takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
     -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
-    -- terms after the step, $13 the step's term's max_span (block layout), and the filter's values at
-    -- retrieve's positions.
+    -- terms after the step, $13 the step's term's max_span (block layout; in sum_and_hold the max_spans of
+    -- the terms after the step, $15, with their weights $16), and the filter's values at retrieve's positions.
     step_terms text[];
     step_wk float8[];
     bound float8;
@@ -178,7 +205,7 @@ begin
     bound := after[i];
     execute sum_and_hold into theta, ids, known
         using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
-              theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
+              theta, bound, t_span[i + 1:], exclude_doc, t_term[i + 1:], t_wk[i + 1:], fq_params, ex_params;
 
     -- 2. Essential: the seed and the next terms, up to the first whose successors' bounds sum below theta; their
     --    postings are summed (the seed's again), theta rises to the cand-th of those sums, and the chunks that
@@ -193,7 +220,7 @@ begin
         bound := after[j];
         execute sum_and_hold into theta, ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
-                  theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
+                  theta, bound, t_span[j + 1:], exclude_doc, t_term[j + 1:], t_wk[j + 1:], fq_params, ex_params;
     end if;
 
     -- 3. The rest, one term at a time.
@@ -201,7 +228,7 @@ begin
         step_terms := t_term[i:i];
         step_wk := t_wk[i:i];
         bound := after[i];
-        execute case when 2 * cardinality(ids) >= t_df[i] then add_term_join
+        execute case when cardinality(ids) * case when blocks then 16 else 2 end >= t_df[i] then add_term_join
                      when blocks then add_term_block_lookup else add_term_lookup end
             into ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
