@@ -214,6 +214,9 @@ def load(
 
     if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
         drop_source(conn, name)
+        # The dropped source's postings are dead versions in the index tables every source shares: without a
+        # VACUUM the new load would go after them, and the sizes measured would count both loads.
+        conn.execute(VACUUM_INDEX)
     source = create_document_source(
         conn,
         name,
