@@ -22,6 +22,8 @@ from agentdb.errors import InvalidParamValue, StorageContentError, StorageFileNo
 SOURCE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 DOCS_SCHEMA = "agentdb_docs"
+# Term ranges a merge of posting blocks goes through, a VACUUM after each (optimize_source).
+MERGE_SLICES = 8
 # Columns of a document table that are not metadata fields.
 RESERVED_FIELDS = frozenset({"_id", "id", "doc_id", "chunk", "title", "text", "metadata"})
 
@@ -516,14 +518,50 @@ def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, in
 
 
 def optimize_source(
-    conn: psycopg.Connection[Any], name: str, *, layout: Literal["rows", "blocks"] | None = None
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    layout: Literal["rows", "blocks"] | None = None,
+    slices: int = MERGE_SLICES,
 ) -> tuple[int, int]:
     """Move a source's lexical index to `layout` when given (rebuilt from its rows), then merge its partly
-    filled posting blocks. Returns the number of blocks before and after the merge (0, 0 for 'rows')."""
+    filled posting blocks. Returns the number of blocks before and after the merge (0, 0 for 'rows').
+
+    The merge goes through the vocabulary in up to `slices` term ranges of about equal postings, each in a
+    transaction of its own, with a plain VACUUM of the block table after each range that changed: the next
+    range's new blocks then reuse the space of the versions it freed, and the table's file ends near the size
+    of its live data instead of growing by the whole rewritten index. Every range is a complete merge of its
+    terms, so the index equals the documents at every commit. On a connection inside a transaction (where
+    VACUUM cannot run) the merge is one statement, as with `slices=1`."""
     from agentdb.db import run_sql
 
-    with conn.transaction():
-        if layout is not None:
+    if layout is not None:
+        with conn.transaction():
             run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, %(l)s)", {"s": name, "l": layout})
-        ((before, after),) = run_sql(conn, "select * from agentdb.lexical_optimize(%(s)s)", {"s": name})
-    return int(before), int(after)
+    # The merge joins a source's blocks to its terms: with the statistics of before a bulk load (the source's
+    # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds.
+    conn.execute("analyze agentdb.posting_blocks")
+    vacuum = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    bounds: list[str] = []
+    if vacuum and slices > 1:
+        row = conn.execute(
+            "select agentdb_internal.lexical_slice_bounds(id, %s) from agentdb.sources"
+            " where name = %s and lexical_layout = 'blocks'",
+            (slices, name),
+        ).fetchone()
+        bounds = list(row[0]) if row else []
+    edges: list[str | None] = [None, *bounds, None]
+    before = after = 0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        with conn.transaction():
+            ((b, a),) = run_sql(
+                conn,
+                "select * from agentdb.lexical_optimize(%(s)s, %(lo)s, %(hi)s)",
+                {"s": name, "lo": lo, "hi": hi},
+            )
+        before, after = before + int(b), after + int(a)
+        if vacuum and b != a:
+            # A plain VACUUM blocks neither readers nor writers; without truncating the file's empty tail, which
+            # would take an exclusive lock (replayed on standbys); term_stats too, whose rows each range updated.
+            conn.execute("vacuum (truncate false) agentdb.posting_blocks, agentdb.term_stats")
+    return before, after

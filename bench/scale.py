@@ -208,11 +208,15 @@ def load(
     layout: str,
 ) -> dict[str, Any]:
     """Create the source and fill it: COPY in batches (triggers build the postings in `layout`), merge the
-    posting blocks (agentdb optimize; nothing to do for rows), then the HNSW index."""
+    posting blocks (agentdb optimize: term ranges, a VACUUM after each; nothing to do for rows), then the HNSW
+    index."""
     from agentdb.sources import create_document_source, drop_source, optimize_source
 
     if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
         drop_source(conn, name)
+        # The dropped source's postings are dead versions in the index tables every source shares: without a
+        # VACUUM the new load would go after them, and the sizes measured would count both loads.
+        conn.execute(VACUUM_INDEX)
     source = create_document_source(
         conn,
         name,
@@ -391,7 +395,7 @@ def main() -> int:
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
 
-    from agentdb.sources import get_source
+    from agentdb.sources import MERGE_SLICES, get_source
 
     wall = time.perf_counter()
     words, p, texts, origin = vocabulary(args.dataset, args.queries, args.seed)
@@ -558,10 +562,11 @@ def main() -> int:
     print(format_table(load_headers, load_rows, left=3))
     print(
         "COPY+index: the COPY statements with the triggers building the lexical index (postings, statistics);\n"
-        "merge: agentdb optimize after the load; chunks/s: chunks / (COPY+index + merge), embedding excluded\n"
-        "(vectors are generated); rebuild: the index rebuilt from the same rows in the layout measured second;\n"
-        "lexical index: pg_total_relation_size of the layout's postings table (agentdb.postings or\n"
-        "agentdb.posting_blocks, with the space its deleted versions held), term_stats and corpus_stats."
+        f"merge: agentdb optimize after the load ({MERGE_SLICES} term ranges, a VACUUM after each); chunks/s:\n"
+        "chunks / (COPY+index + merge), embedding excluded (vectors are generated); rebuild: the index rebuilt\n"
+        "from the same rows in the layout measured second; lexical index: pg_total_relation_size of the layout's\n"
+        "postings table (agentdb.postings or agentdb.posting_blocks, with the space its deleted versions held),\n"
+        "term_stats and corpus_stats."
     )
     if any(r.get("reused") for r in results):
         print("(reused data: load times are those of the run that built it)")
@@ -600,6 +605,7 @@ def main() -> int:
                 "vocabulary": origin,
                 "corpora": descriptions,
                 "batch": args.batch,
+                "merge_slices": MERGE_SLICES,
                 "seed": args.seed,
                 "maintenance_work_mem": args.maintenance_work_mem,
                 "parallel_workers": args.parallel_workers,

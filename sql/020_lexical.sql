@@ -31,7 +31,8 @@ begin
              where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
                and p.prorettype <> 'trigger'::regtype
                and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check',
-                                 'lexical_optimize', 'lexical_set_layout', 'term_postings', 'block_sql')
+                                 'lexical_optimize', 'lexical_set_layout', 'term_postings', 'block_sql',
+                                 'lexical_slice_bounds')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -348,24 +349,48 @@ begin
 end;
 $$;
 
--- Merge the partly filled blocks of source `source_name` (layout 'blocks'): every term held in more blocks than
--- its postings need (ceil(df / 128)) gets its postings cut again into full blocks in chunk order, and its
--- bounds (max_tf, min_dl, max_span) recomputed exactly. Returns the number of blocks before and after.
--- Nothing to do for the 'rows' layout. Runs under the source's write lock (its corpus_stats row).
-create or replace function agentdb.lexical_optimize(source_name text, out blocks_before bigint, out blocks_after bigint)
+-- Terms that cut source `source_id`'s vocabulary, in term order, into at most `slices` ranges of about equal
+-- postings (term_stats.df): the first term of every range but the first. A term is never split, so a term
+-- holding more than its share makes a range of its own (or fewer ranges).
+create or replace function agentdb_internal.lexical_slice_bounds(source_id int, slices int) returns text[]
+language sql stable as $$
+select coalesce(array_agg(s.first_term order by s.first_term), '{}')
+from (
+    select min(t.term) as first_term
+    from (select ts.term, floor((sum(ts.df) over (order by ts.term) - ts.df) * greatest(slices, 1)
+                                / greatest(sum(ts.df) over (), 1)) as slice
+          from agentdb.term_stats ts where ts.source_id = $1) t
+    group by t.slice
+) s
+where s.first_term > (select min(ts.term) from agentdb.term_stats ts where ts.source_id = $1)
+$$;
+
+-- Merge the partly filled blocks of source `source_name` (layout 'blocks') whose terms lie in [term_from,
+-- term_to) (a null bound: no bound): every term held in more blocks than its postings need (ceil(df / 128))
+-- gets its postings cut again into full blocks in chunk order, and its bounds (max_tf, min_dl, max_span)
+-- recomputed exactly. Returns the number of the range's blocks before and after. Nothing to do for the 'rows'
+-- layout. Runs under the source's write lock (its corpus_stats row). The merge rewrites nearly every block
+-- after a bulk load, so agentdb's callers merge term ranges (agentdb_internal.lexical_slice_bounds) in
+-- transactions of their own with a plain VACUUM between them: each range's new blocks then take the space the
+-- ranges before it freed, instead of growing the table's file by the whole rewritten index.
+create or replace function agentdb.lexical_optimize(source_name text, term_from text default null,
+                                                    term_to text default null,
+                                                    out blocks_before bigint, out blocks_after bigint)
 language plpgsql as $$
 declare
     src agentdb.sources;
+    range_sql text := concat(' and b.term >= ' || quote_literal(term_from), ' and b.term < ' || quote_literal(term_to));
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
     end if;
     perform 1 from agentdb.corpus_stats c where c.source_id = src.id for update;
-    select count(*) into blocks_before from agentdb.posting_blocks b where b.source_id = src.id;
+    execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
+        into blocks_before using src.id;
     execute format($q$
         with terms as (
-            select b.term from agentdb.posting_blocks b where b.source_id = $1
+            select b.term from agentdb.posting_blocks b where b.source_id = $1 %s
             group by b.term having count(*) > ceil(sum(cardinality(b.offs)) / 128.0)
         ), hit as (
             delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
@@ -378,9 +403,10 @@ begin
         update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
         from (select term, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
               from blocks group by term order by term) n
-        where s.source_id = $1 and s.term = n.term $q$, agentdb_internal.block_sql('kept', '', true))
+        where s.source_id = $1 and s.term = n.term $q$, range_sql, agentdb_internal.block_sql('kept', '', true))
         using src.id;
-    select count(*) into blocks_after from agentdb.posting_blocks b where b.source_id = src.id;
+    execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
+        into blocks_after using src.id;
 end;
 $$;
 
