@@ -201,8 +201,9 @@ begin
         step_terms := t_term[i:i];
         step_wk := t_wk[i:i];
         bound := after[i];
-        execute case when 2 * cardinality(ids) >= t_df[i] then add_term_join
-                     when blocks then add_term_block_lookup else add_term_lookup end
+        -- (A principal's role reads no block itself: its block postings come through term_postings.)
+        execute case when 2 * cardinality(ids) >= t_df[i] or (blocks and left(current_user, 10) = 'agentdb_p_')
+                     then add_term_join when blocks then add_term_block_lookup else add_term_lookup end
             into ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
                   theta, bound, t_span[i], exclude_doc, null, null, fq_params, ex_params;
