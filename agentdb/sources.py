@@ -110,7 +110,8 @@ class Source(BaseModel):
     # The embedding backends that computed its stored vectors (agentdb.embed); empty when not known.
     embedding_backends: list[str] = Field(default_factory=list)
     # How the BM25 postings are stored (migrations/0013_block_postings.sql): a row per term and chunk, or
-    # blocks of up to 128 chunks per term (compact, faster to load and search; not readable by principals).
+    # blocks of up to 128 chunks per term (compact, faster to load and search; principals read a block
+    # source through a function that keeps the postings of their chunks, sql/020_lexical.sql).
     lexical_layout: Literal["rows", "blocks"] = "rows"
 
     def field(self, name: str) -> FieldSpec | None:

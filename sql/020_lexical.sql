@@ -14,7 +14,8 @@
 -- 128 chunks. A write adds its rows' postings as new blocks (each statement's postings of a term cut into
 -- blocks of 128 in chunk order); a removal rewrites the blocks that held the removed chunks (exact bounds
 -- again); agentdb.lexical_optimize merges a term's partly filled blocks. Readers go through
--- agentdb_internal.term_postings, which serves either layout.
+-- agentdb_internal.term_postings, which serves either layout; a principal's role reads blocks only through
+-- agentdb_internal.principal_block_postings (one posting a row, of the chunks it may read).
 
 -- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
@@ -32,18 +33,72 @@ begin
                and p.prorettype <> 'trigger'::regtype
                and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check',
                                  'lexical_optimize', 'lexical_set_layout', 'term_postings', 'block_sql',
-                                 'lexical_slice_bounds')
+                                 'lexical_slice_bounds', 'principal_block_postings')
     loop
         execute format('drop function %s', f);
     end loop;
 end;
 $$;
 
+-- The block postings of the named `terms` of source `source_id`, one a row (term, chunk_id, tf, dl), of the
+-- chunks that the active principal (the `role` setting, as in agentdb.principal_row_filter_applies) may read:
+-- nothing for anyone else, nor for a source outside its grant (its tables, its own memory stores). A block
+-- holds postings of up to 128 chunks, visible or not, so principals' roles cannot read agentdb.posting_blocks
+-- (migrations/0013, 0015); this SECURITY DEFINER function reads it for them and keeps a posting only when its
+-- chunk passes the predicate of the principal's policy on the source table, compiled by the same
+-- agentdb.principal_policy_sql ('true' for an open grant and for its own memory stores: every posting). That
+-- predicate is all the row security this function can apply, so a source table with policies that are not
+-- agentdb's principal policies fails closed (9002): the grant and the move to blocks refuse such tables
+-- (sql/050_principals.sql, agentdb.lexical_set_layout), but a policy may be added later.
+create or replace function agentdb_internal.principal_block_postings(source_id int, terms text[])
+returns table (term text, chunk_id bigint, tf int, dl int)
+language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
+declare
+    p agentdb.principals;
+    src agentdb.sources;
+    rel text;
+    pred text;
+begin
+    select * into p from agentdb.principals x where x.role = current_setting('role')::name;
+    select * into src from agentdb.sources s where s.id = principal_block_postings.source_id
+                                                and s.lexical_layout = 'blocks';
+    if p.id is null or src.id is null then
+        return;
+    end if;
+    rel := format('%I.%I', src.table_schema, src.table_name);
+    if exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner = p.id) then
+        pred := 'true';
+    elsif src.name = any (p.tables) and has_any_column_privilege(p.role, rel, 'SELECT') then
+        pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
+    else
+        return;
+    end if;
+    if cardinality(agentdb.principal_foreign_policies(rel::regclass)) > 0 then
+        perform agentdb.raise_error(9002, 'DatabaseSetupError',
+            format('source %L keeps block postings and its table has row security policies that are not'
+                   ' agentdb''s, which principals'' block reads cannot apply', src.name), 'source',
+            format('drop those policies, or move the source to row postings: agentdb optimize %s --layout rows',
+                   src.name));
+    end if;
+    -- The source table keeps its name (no alias): the predicate refers to its columns as schema.table.column.
+    return query execute format($q$
+        select u.term, u.first_chunk + u.off, u.tf::int, u.dl
+        from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+              from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
+        %s $q$,
+        case when pred = 'true' then ''
+             else format('join %1$s on %1$s.agentdb_chunk_id = u.first_chunk + u.off where %2$s', rel, pred) end)
+        using src.id, terms;
+end;
+$$;
+
 -- The postings of the named `terms` of source `source_id`, whichever its layout: (term, chunk_id, tf, dl).
 -- Inlined into the caller's statement (a plain SQL function), so the caller's row security applies to the
--- row postings; principals' roles see no blocks (migrations/0013_block_postings.sql). A block's arrays are
--- unnested in the select list, in lockstep (equal lengths): measured 2.3x faster than unnest(a, b, c) in
--- FROM, which materialises each block's rows first.
+-- row postings. A principal's role sees no block (migrations/0013_block_postings.sql) and reads its block
+-- postings through agentdb_internal.principal_block_postings instead. Each of the two block branches is gated
+-- by the current user's name, a one-time filter, so the other never runs (the application never calls the
+-- SECURITY DEFINER function). A block's arrays are unnested in the select list, in lockstep (equal lengths):
+-- measured 2.3x faster than unnest(a, b, c) in FROM, which materialises each block's rows first.
 create or replace function agentdb_internal.term_postings(source_id int, terms text[])
 returns table (term text, chunk_id bigint, tf int, dl int)
 language sql stable as $$
@@ -51,7 +106,11 @@ select p.term, p.chunk_id, p.tf, p.dl from agentdb.postings p where p.source_id 
 union all
 select u.term, u.first_chunk + u.off, u.tf::int, u.dl
 from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
-      from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
+      from agentdb.posting_blocks b
+      where b.source_id = $1 and b.term = any ($2) and left(current_user, 10) <> 'agentdb_p_') u
+union all
+select x.term, x.chunk_id, x.tf, x.dl from agentdb_internal.principal_block_postings($1, $2) x
+where left(current_user, 10) = 'agentdb_p_'
 $$;
 
 -- The statement text that turns relation `rel` of postings (term, chunk_id, tf, dl; at most one per term and
@@ -411,12 +470,14 @@ end;
 $$;
 
 -- Move source `source_name`'s lexical index to layout `layout` ('rows' or 'blocks'): rebuilt from its rows in
--- the new layout, in the caller's transaction. A source read by principals keeps the 'rows' layout, whose
--- postings carry per-chunk row security (sql/050_principals.sql).
+-- the new layout, in the caller's transaction. A source read by principals moves to blocks only while its table
+-- has no row security policies but agentdb's principal policies: principals read blocks through
+-- agentdb_internal.principal_block_postings, which applies those alone.
 create or replace function agentdb.lexical_set_layout(source_name text, layout text) returns void
 language plpgsql as $$
 declare
     src agentdb.sources;
+    foreign_policies text[];
 begin
     select * into src from agentdb.sources where name = source_name for update;
     if not found then
@@ -426,10 +487,17 @@ begin
         perform agentdb.raise_error(3007, 'InvalidParamValue',
             format('lexical layout must be ''rows'' or ''blocks'', not %L', layout), 'layout');
     end if;
-    if layout = 'blocks' and exists (select 1 from agentdb.principals p where src.name = any (p.tables)) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
-            format('source %L is read by principals, whose row security needs the ''rows'' layout', src.name),
-            'layout', 'revoke the principals'' access to the source first');
+    if layout = 'blocks'
+       and (exists (select 1 from agentdb.principals p where src.name = any (p.tables))
+            or exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner is not null)) then
+        foreign_policies := agentdb.principal_foreign_policies(format('%I.%I', src.table_schema, src.table_name)::regclass);
+        if cardinality(foreign_policies) > 0 then
+            perform agentdb.raise_error(3007, 'InvalidParamValue',
+                format('source %L is read by principals and its table has row security policies that are not'
+                       ' agentdb''s (%s), which principals'' block reads cannot apply', src.name,
+                       array_to_string(foreign_policies, ', ')),
+                'layout', 'drop those policies first, or keep the ''rows'' layout, whose postings follow every policy');
+        end if;
     end if;
     if layout = src.lexical_layout then
         return;

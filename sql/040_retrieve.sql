@@ -228,7 +228,9 @@ begin
         step_terms := t_term[i:i];
         step_wk := t_wk[i:i];
         bound := after[i];
-        execute case when cardinality(ids) * case when blocks then 16 else 2 end >= t_df[i] then add_term_join
+        -- (A principal's role reads no block itself: its block postings come through term_postings.)
+        execute case when cardinality(ids) * case when blocks then 16 else 2 end >= t_df[i]
+                          or (blocks and left(current_user, 10) = 'agentdb_p_') then add_term_join
                      when blocks then add_term_block_lookup else add_term_lookup end
             into ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,

@@ -19,6 +19,14 @@
 --     (an exists over agentdb.principal_chunks_<id>, which reads its tables under its own row security).
 --     These are the bags of words of its rows, even without "text" in its grant: lexical search needs
 --     them, and its results would tell as much;
+--   * of a source kept in blocks (agentdb.posting_blocks, whose rows hold postings of up to 128 chunks, some
+--     of which it may not read) no block at all (a restrictive policy, migrations/0013): the postings of
+--     the chunks it may read come one a row from agentdb_internal.principal_block_postings (SECURITY
+--     DEFINER), which applies the predicate of its policy on the source table (principal_policy_sql, the
+--     same compiler). That is the only row security it can apply, so a block source whose table has other
+--     policies (agentdb.principal_foreign_policies) is not granted, a source read by principals with such
+--     policies does not move to blocks, and a policy added later makes the principal's lexical reads of the
+--     source fail (9002) rather than show more than its rows;
 --   * SELECT on agentdb.sources (every source's name and field schema) and agentdb.corpus_stats;
 --     agentdb.term_stats only through agentdb.principal_term_stats (the named terms of a source it may
 --     read, never the vocabulary);
@@ -50,7 +58,7 @@ begin
                    'principal_policy_sql', 'principal_chunks_function', 'current_principal', 'metadata_projection',
                    'principal_columns', 'source_relation', 'principal_row_filter_applies', 'principal_term_stats',
                    'principal_install_postings', 'principal_install', 'principal_grant', 'principal_release_table',
-                   'principal_revoke', 'principal_reinstall', 'principal_uninstall'])
+                   'principal_revoke', 'principal_reinstall', 'principal_uninstall', 'principal_foreign_policies'])
     loop
         execute format('drop function %s', f);
     end loop;
@@ -237,6 +245,22 @@ where ts.source_id = $1 and ts.term = any ($2)
                                              format('%I.%I', s.table_schema, s.table_name), 'SELECT'))
 $$;
 
+-- The names of the row security policies on table `rel` that are not agentdb's principal policies (those that
+-- principal_grant creates: agentdb_p_<id>, _insert and _delete of an existing principal, to its role alone).
+-- Principals read block postings through agentdb_internal.principal_block_postings, which applies their own
+-- policy's predicate and cannot apply any other policy (one that reads current_user, say, would see the
+-- function's owner), so a source with such policies is not read in blocks by principals.
+create or replace function agentdb.principal_foreign_policies(rel regclass) returns text[]
+language sql stable as $$
+select coalesce(array_agg(x.polname::text order by x.polname), '{}')
+from pg_catalog.pg_policy x
+where x.polrelid = $1
+  and not exists (select 1 from agentdb.principals p join pg_catalog.pg_roles r on r.rolname = p.role
+                  where x.polname in (agentdb.principal_object(p.id), agentdb.principal_object(p.id) || '_insert',
+                                      agentdb.principal_object(p.id) || '_delete')
+                    and x.polroles = array[r.oid])
+$$;
+
 -- (Re)create principal `principal_id`'s chunks function and its restrictive policy on agentdb.postings for
 -- the sources in its table list now: the role sees a posting only when it can read the posting's chunk.
 -- Sources whose row filter lets every row through ("open") skip the per-posting probe while no restrictive
@@ -330,12 +354,14 @@ declare
     proj record;
     rel text;
     keys text[];
+    foreign_policies text[];
 begin
     select * into p from agentdb.principals where id = principal_id;
     execute format('grant usage on schema agentdb, agentdb_docs, agentdb_internal to %I', p.role);
     execute format('grant execute on all functions in schema agentdb_internal to %I', p.role);
     -- agentdb.posting_blocks too, so that the readers of either layout (agentdb_internal.term_postings) run
-    -- under the role; its restrictive policy shows principals' roles no block (migrations/0013).
+    -- under the role; its restrictive policy shows principals' roles no block (migrations/0013), and they read
+    -- block postings through agentdb_internal.principal_block_postings.
     execute format('grant select on agentdb.sources, agentdb.corpus_stats, agentdb.postings, agentdb.posting_blocks'
                    ' to %I', p.role);
     execute format($f$
@@ -349,13 +375,20 @@ begin
     execute format('grant execute on function agentdb.%I(int) to %I', fn, p.role);
 
     for src in select * from agentdb.sources s where s.name = any(p.tables) order by s.id loop
-        -- Block postings have no per-chunk row security: a principal reads sources of the 'rows' layout only.
-        if src.lexical_layout <> 'rows' then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
-                format('source %L keeps block postings, which principals cannot read', src.name), 'tables',
-                format('move it to row postings first: agentdb optimize %s --layout rows', src.name));
-        end if;
         rel := format('%I.%I', src.table_schema, src.table_name);
+        -- Block postings are read through agentdb_internal.principal_block_postings, which applies the
+        -- principal's own policy and no other.
+        if src.lexical_layout = 'blocks' then
+            foreign_policies := agentdb.principal_foreign_policies(rel::regclass);
+            if cardinality(foreign_policies) > 0 then
+                perform agentdb.raise_error(3007, 'InvalidParamValue',
+                    format('source %L keeps block postings and its table has row security policies that are not'
+                           ' agentdb''s (%s), which principals'' block reads cannot apply', src.name,
+                           array_to_string(foreign_policies, ', ')), 'tables',
+                    format('drop those policies, or move the source to row postings first: agentdb optimize %s'
+                           ' --layout rows', src.name));
+            end if;
+        end if;
         select * into pol from agentdb.principal_policy_sql(principal_id, src, p.row_filter);
         insert into agentdb.principal_grants (principal_id, source_id, params) values (principal_id, src.id, pol.params);
         execute format('grant usage on schema %I to %I', src.table_schema, p.role);

@@ -2,7 +2,8 @@
 in blocks answers exactly as exhaustive Okapi BM25 computed in Python from its rows, and exactly as a twin
 source holding the same rows in the row layout, for lexical and hybrid retrieval, with filters, through random
 inserts, updates, deletes and block merges (agentdb optimize); agentdb check sees broken blocks and --repair
-rebuilds them; principals are never granted a block source.
+rebuilds them; a principal granted a block source reads exactly what it reads of the row twin, and its role
+never reads a posting of a chunk it may not read.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from agentdb.auth import create_principal
+from agentdb.auth import check_fields, create_principal, delete_principal, list_principals, principal_scope
 from agentdb.cli import main as cli_main
-from agentdb.errors import InvalidParamValue
+from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
 from agentdb.sources import FieldSpec, create_document_source, get_source, optimize_source
 from tests.filter_oracle import filters, matches, sample_metadata
@@ -258,11 +260,8 @@ def test_check_sees_broken_blocks_and_repair_rebuilds_them(
     assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
 
 
-def test_layouts_convert_both_ways_and_principals_read_rows_only(
-    conn: psycopg.Connection[Any], twins: random.Random
-) -> None:
-    """agentdb optimize --layout moves a source between layouts (same results, index matching its rows); a
-    principal cannot be granted a block source, and a source with principals stays in rows."""
+def test_layouts_convert_both_ways(conn: psycopg.Connection[Any], twins: random.Random) -> None:
+    """agentdb optimize --layout moves a source between layouts (same results, index matching its rows)."""
     query = "w0x w3x w17x"
     assert get_source(conn, "blk").lexical_layout == "blocks"
     want = _hits(retrieve(conn, "blk", query, mode="lexical"))
@@ -274,14 +273,327 @@ def test_layouts_convert_both_ways_and_principals_read_rows_only(
     assert_same_ranking(_hits(retrieve(conn, "blk", query, mode="lexical")), want)
     assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
 
+
+# Principals on block sources ------------------------------------------------------------------------------
+
+# Document ids that row filters may name (the twins' ids are d00000 upwards, counted across tests).
+ID_POOL = [f"d{i:05d}" for i in range(0, 4000, 9)]
+_principals = itertools.count()
+
+
+def _metadata(conn: psycopg.Connection[Any], name: str) -> dict[str, dict[str, Any]]:
+    """Doc id -> metadata of every row of source `name`, read as the owner."""
+    query = sql.SQL("select doc_id, metadata from {}").format(get_source(conn, name).table)
+    return {doc_id: meta for doc_id, meta in conn.execute(query)}
+
+
+def _block_postings_of(conn: psycopg.Connection[Any], name: str, doc_ids: set[str]) -> set[tuple[Any, ...]]:
+    """The postings (term, chunk id, tf, dl) held in the blocks of source `name` for the chunks of documents
+    `doc_ids`, read as the owner."""
+    src = get_source(conn, name)
+    query = sql.SQL(
+        "select b.term, b.first_chunk + u.off, u.tf::int, u.dl from agentdb.posting_blocks b"
+        " cross join lateral unnest(b.offs, b.tfs, b.dls) as u(off, tf, dl)"
+        " join {} c on c.agentdb_chunk_id = b.first_chunk + u.off"
+        " where b.source_id = %s and c.doc_id = any(%s)"
+    ).format(src.table)
+    return set(conn.execute(query, (src.id, sorted(doc_ids))).fetchall())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_principal_reads_a_block_source_as_its_row_twin(
+    conn: psycopg.Connection[Any], twins: random.Random, data: st.DataObject
+) -> None:
+    """A principal granted both twins, with a random row filter and field grant, gets from the block source
+    exactly its hits on the row source (lexical at two depths, and hybrid as the exact RRF of its legs) and
+    the owner's hits with the row filter as an ordinary filter (and exhaustive BM25 over the rows it may
+    read), through random inserts, updates, deletes and merges, with and without MaxScore pruning."""
+    rng = twins
+    row_filter = data.draw(filters(FIELD_DICTS, ID_POOL), label="row_filter")
+    grant = data.draw(
+        st.none() | st.lists(st.sampled_from(["title", "text", "year", "status"]), unique=True),
+        label="fields",
+    )
+    principal, _ = create_principal(
+        conn, f"b{next(_principals)}", tables=list(TWINS), row_filter=row_filter, fields=grant
+    )
+    try:
+        op = data.draw(st.sampled_from(["insert", "update", "delete", "optimize", "none"]), label="op")
+        if op == "insert":
+            _copy(conn, _rows(rng, data.draw(st.integers(1, 150), label="n")))
+        elif op == "update":
+            words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
+            mod = data.draw(st.integers(2, 9), label="mod")
+            _both(
+                conn,
+                "update {table} set text = text || ' ' || %s where agentdb_chunk_id %% %s = 0",
+                (words, mod),
+            )
+        elif op == "delete":
+            mod = data.draw(st.integers(3, 11), label="mod")
+            _both(conn, "delete from {table} where agentdb_chunk_id %% %s = 1", (mod,))
+        elif op == "optimize":
+            optimize_source(conn, "blk")
+
+        query = " ".join(
+            data.draw(st.lists(st.sampled_from([*WORDS, "nowhere"]), min_size=1, max_size=5), label="q")
+        )
+        seed = data.draw(st.sampled_from(["1", "40", "20000"]), label="lexical_seed_postings")
+        fields = check_fields(principal, None)
+        cand = 100
+        v = np.array([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
+        lexical: dict[str, list[tuple[str, int, float]]] = {}
+        deep: dict[str, list[tuple[str, int, float]]] = {}
+        with principal_scope(conn, principal) as scoped:
+            scoped.execute("select set_config('agentdb.lexical_seed_postings', %s, true)", (seed,))
+            for name in TWINS:
+                lexical[name] = _hits(retrieve(scoped, name, query, mode="lexical", fields=fields))
+                deep[name] = _hits(retrieve(scoped, name, query, mode="lexical", fields=fields, top_k=cand))
+            dense = retrieve(
+                scoped, "blk", "", mode="dense", top_k=cand, query_embedding=v, threshold=0.0, fields=fields
+            )
+            hybrid = retrieve(
+                scoped,
+                "blk",
+                query,
+                mode="hybrid",
+                query_embedding=v,
+                threshold=0.0,
+                candidates=cand,
+                fields=fields,
+            )
+        conn.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed,))
+        owner = _hits(retrieve(conn, "rws", query, mode="lexical", filter=row_filter))
+        assert_same_ranking(lexical["blk"], lexical["rws"])
+        assert_same_ranking(lexical["blk"], owner)
+        assert_same_ranking(lexical["blk"], exhaustive(conn, "blk", query, row_filter, 10))
+        assert_same_ranking(deep["blk"], deep["rws"])
+        assert_same_ranking(deep["blk"], exhaustive(conn, "blk", query, row_filter, cand))
+
+        fused: dict[tuple[str, int], Fraction] = defaultdict(Fraction)
+        for leg in (deep["blk"], _hits(dense)):
+            for rank, (doc, chunk, _) in enumerate(leg, start=1):
+                fused[(doc, chunk)] += Fraction(1, 60 + rank)
+        want = sorted(fused, key=lambda k: (-fused[k], k))[:10]
+        assert [(h.id, h.chunk) for h in hybrid.hits] == want
+        assert [h.score for h in hybrid.hits] == pytest.approx([float(fused[k]) for k in want], abs=1e-12)
+    finally:
+        delete_principal(conn, principal.name)
+
+
+def _block_terms(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("select distinct term from agentdb.posting_blocks order by 1")]
+
+
+def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """Under a principal's role, called directly with any arguments: posting_blocks shows nothing; the block
+    postings function and term_postings give exactly the postings of the chunks it may read of a block source
+    it is granted, and nothing of a source it is not granted (nor of a row source, whose postings policy
+    serves it); an open grant reads every posting."""
+    row_filter = {"year": {"$gte": 5}}
+    reader, _ = create_principal(
+        conn,
+        "reader",
+        tables=["blk"],
+        row_filter=row_filter,
+        fields=["text", "year"],
+        tools=["search", "ingest"],
+    )
+    everyone, _ = create_principal(conn, "everyone", tables=["blk"])
+    outsider, _ = create_principal(conn, "outsider", tables=["rws"])
+    try:
+        blk, rws = get_source(conn, "blk").id, get_source(conn, "rws").id
+        # Its writes (the ingest tool) keep the blocks current: the lexical triggers run as their owner.
+        with principal_scope(conn, reader) as scoped:
+            scoped.execute(
+                "insert into agentdb_docs.blk (doc_id, chunk, text, metadata) values ('mine', 0, 'w0x w59x', %s)",
+                (Jsonb({"year": 7}),),
+            )
+            deleted = scoped.execute(
+                "delete from agentdb_docs.blk where doc_id = (select min(doc_id) from agentdb_docs.blk)"
+            )
+            assert deleted.rowcount == 1
+        assert lexical_check(conn, "blk") == {
+            "postings": 0,
+            "term_stats": 0,
+            "term_bounds": 0,
+            "corpus_stats": 0,
+        }
+        metadata = _metadata(conn, "blk")
+        assert "mine" in metadata
+        allowed = {d for d, meta in metadata.items() if matches(FIELD_DICTS, row_filter, d, meta)}
+        assert 0 < len(allowed) < len(metadata)
+        terms = [*_block_terms(conn), "nowhere"]
+        visible = _block_postings_of(conn, "blk", allowed)
+        every = _block_postings_of(conn, "blk", set(metadata))
+        assert visible < every
+        with principal_scope(conn, reader) as scoped:
+            assert scoped.execute("select count(*) from agentdb.posting_blocks").fetchone() == (0,)
+            direct = set(
+                scoped.execute(
+                    "select * from agentdb_internal.principal_block_postings(%s, %s)", (blk, terms)
+                ).fetchall()
+            )
+            through = set(
+                scoped.execute(
+                    "select * from agentdb_internal.term_postings(%s, %s)", (blk, terms)
+                ).fetchall()
+            )
+            assert not scoped.execute(
+                "select * from agentdb_internal.principal_block_postings(%s, %s)", (rws, terms)
+            ).fetchall()
+            for statement in ("select doc_id from agentdb_docs.rws", "select metadata from agentdb_docs.blk"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege), scoped.transaction():
+                    scoped.execute(statement)
+        assert direct == visible and through == visible
+        with principal_scope(conn, everyone) as scoped:
+            assert (
+                set(
+                    scoped.execute(
+                        "select * from agentdb_internal.principal_block_postings(%s, %s)", (blk, terms)
+                    ).fetchall()
+                )
+                == every
+            )
+        with principal_scope(conn, outsider) as scoped:
+            for source_id in (blk, rws, -1, None):
+                assert not scoped.execute(
+                    "select * from agentdb_internal.principal_block_postings(%s, %s)", (source_id, terms)
+                ).fetchall()
+            assert not scoped.execute(
+                "select * from agentdb_internal.term_postings(%s, %s)", (blk, terms)
+            ).fetchall()
+        # The application, and any other role, gets nothing from the function.
+        assert not conn.execute(
+            "select * from agentdb_internal.principal_block_postings(%s, %s)", (blk, terms)
+        ).fetchall()
+    finally:
+        for p in (reader, everyone, outsider):
+            delete_principal(conn, p.name)
+
+
+def test_the_owner_never_runs_the_principals_block_reader(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """term_postings gates its two block branches by the current user's name (one-time filters): outside a
+    principal's role the SECURITY DEFINER reader is never executed, and under one the blocks are not read."""
+
+    def loops(plan: dict[str, Any], relation: str) -> list[int]:
+        here = (
+            [plan["Actual Loops"]]
+            if relation in (plan.get("Function Name"), plan.get("Relation Name"))
+            else []
+        )
+        return here + [n for child in plan.get("Plans", []) for n in loops(child, relation)]
+
+    statement = "explain (analyze, format json) select * from agentdb_internal.term_postings(%s, %s)"
+    params = (get_source(conn, "blk").id, _block_terms(conn))
+    row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    assert loops(row[0][0]["Plan"], "principal_block_postings") == [0]
+    assert loops(row[0][0]["Plan"], "posting_blocks") == [1]
+    reader, _ = create_principal(conn, "reader", tables=["blk"])
+    try:
+        with principal_scope(conn, reader) as scoped:
+            row = scoped.execute(statement, params).fetchone()
+        assert row is not None
+        assert loops(row[0][0]["Plan"], "principal_block_postings") == [1]
+        assert loops(row[0][0]["Plan"], "posting_blocks") == [0]
+    finally:
+        delete_principal(conn, "reader")
+
+
+def test_block_sources_with_foreign_policies(conn: psycopg.Connection[Any], twins: random.Random) -> None:
+    """Row security that is not agentdb's cannot be applied to block reads: granting a block source whose table
+    has such a policy is refused, as is moving a source read by principals with one to blocks; a policy added
+    after the grant makes the principal's block reads fail rather than show chunks the policy hides."""
+    conn.execute(
+        "create policy not_mine on agentdb_docs.blk as restrictive for select to public using (chunk = 0)"
+    )
     with pytest.raises(InvalidParamValue) as refused:
         create_principal(conn, "reader", tables=["blk"])
-    assert "block postings" in str(refused.value)
-    create_principal(conn, "reader", tables=["rws"])
-    with pytest.raises(InvalidParamValue) as kept:
+    assert refused.value.path == "tables" and "not_mine" in refused.value.message
+    assert not list_principals(conn)
+
+    reader, _ = create_principal(conn, "reader", tables=["rws"], row_filter={"year": {"$gte": 5}})
+    try:
+        conn.execute("create policy not_mine on agentdb_docs.rws for select to public using (true)")
+        with pytest.raises(InvalidParamValue) as kept:
+            optimize_source(conn, "rws", layout="blocks")
+        assert kept.value.path == "layout" and get_source(conn, "rws").lexical_layout == "rows"
+        # Without the foreign policies, both moves go through.
+        for name in TWINS:
+            conn.execute(sql.SQL("drop policy not_mine on {}").format(get_source(conn, name).table))
         optimize_source(conn, "rws", layout="blocks")
-    assert kept.value.path == "layout"
-    assert get_source(conn, "rws").lexical_layout == "rows"
+        with principal_scope(conn, reader) as scoped:
+            assert retrieve(scoped, "rws", "w0x w1x w2x", mode="lexical", top_k=50).hits
+        conn.execute(
+            "create policy not_mine on agentdb_docs.rws as restrictive for select to public using (false)"
+        )
+        with pytest.raises(DatabaseSetupError) as failed, principal_scope(conn, reader) as scoped:
+            retrieve(scoped, "rws", "w0x w1x w2x", mode="lexical")
+        assert failed.value.path == "source"
+        # The owner's reads are not affected.
+        assert retrieve(conn, "rws", "w0x w1x w2x", mode="lexical").hits
+    finally:
+        delete_principal(conn, "reader")
+
+
+MEMORIES = [
+    "Alice is allergic to peanuts and to walnuts.",
+    "Alice prefers a window seat on long flights.",
+    "Alice likes grilled fish with lemon, and peanuts in salads are out.",
+    "Bob, Alice's brother, flies to Lisbon on long weekends.",
+    "The window of the kitchen faces the lemon tree.",
+]
+
+
+def test_a_principals_memory_store_in_blocks(conn: psycopg.Connection[Any], embedder: Any) -> None:
+    """A principal's own memory store (which its role reads whole) moved to blocks and written to under its
+    role answers its lexical searches as in rows; another principal's role reads none of its block postings."""
+    alice, _ = create_principal(conn, "alice", tables=[], tools=["memory"])
+    mallory, _ = create_principal(conn, "mallory", tables=[], tools=["memory"])
+    try:
+        spec = StoreSpec(schema="notes")
+        records = [{"text": t, "importance": 5} for t in MEMORIES]
+        write_records(conn, "diary", records[:3], principal=alice, embedder=embedder, spec=spec)
+        row = conn.execute(
+            "select s.name, s.id from agentdb.memory_stores m join agentdb.sources s on s.id = m.source_id"
+            " where m.owner = %s",
+            (alice.id,),
+        ).fetchone()
+        assert row is not None
+        name, source_id = row
+        queries = ["peanuts", "long window flights", "lemon fish alice", "lisbon"]
+
+        def searched() -> dict[str, list[tuple[str, int, float]]]:
+            with principal_scope(conn, alice) as scoped:
+                return {q: _hits(retrieve(scoped, name, q, mode="lexical")) for q in queries}
+
+        optimize_source(conn, name, layout="blocks")
+        write_records(conn, "diary", records[3:], principal=alice, embedder=embedder, spec=spec)
+        assert lexical_check(conn, name) == {
+            "postings": 0,
+            "term_stats": 0,
+            "term_bounds": 0,
+            "corpus_stats": 0,
+        }
+        in_blocks = searched()
+        assert all(in_blocks.values())
+        terms = _block_terms(conn)
+        with principal_scope(conn, mallory) as scoped:
+            assert not scoped.execute(
+                "select * from agentdb_internal.principal_block_postings(%s, %s)", (source_id, terms)
+            ).fetchall()
+        optimize_source(conn, name, layout="rows")
+        for query, hits in searched().items():
+            assert_same_ranking(in_blocks[query], hits)
+    finally:
+        for p in (alice, mallory):
+            delete_principal(conn, p.name)
 
 
 def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(conn: psycopg.Connection[Any]) -> None:
