@@ -160,16 +160,9 @@ def _hits(result: Any) -> list[tuple[str, int, float]]:
     return [(h.id, h.chunk, h.score) for h in result.hits]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
-    conn: psycopg.Connection[Any], twins: random.Random, data: st.DataObject
-) -> None:
-    """After each random write (bulk insert, update of text, delete, merge), the block source's index matches
-    its rows (agentdb check); its lexical top 10 and top 100 equal exhaustive BM25 (and the row twin's top 10),
-    and its hybrid top 10 is the exact RRF of its legs (ids, order, scores), with and without a filter and
-    MaxScore pruning."""
-    rng = twins
+def _random_write(conn: psycopg.Connection[Any], rng: random.Random, data: st.DataObject) -> str:
+    """Apply one random write to both twins (a bulk insert, an update of text, a delete) or none; returns the
+    operation drawn, "optimize" included, which the caller carries out with its own checks."""
     op = data.draw(st.sampled_from(["insert", "update", "delete", "optimize", "none"]), label="op")
     if op == "insert":
         _copy(conn, _rows(rng, data.draw(st.integers(1, 150), label="n")))
@@ -182,7 +175,21 @@ def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
     elif op == "delete":
         mod = data.draw(st.integers(3, 11), label="mod")
         _both(conn, "delete from {table} where agentdb_chunk_id %% %s = 1", (mod,))
-    elif op == "optimize":
+    return op
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
+    conn: psycopg.Connection[Any], twins: random.Random, data: st.DataObject
+) -> None:
+    """After each random write (bulk insert, update of text, delete, merge), the block source's index matches
+    its rows (agentdb check); its lexical top 10 and top 100 equal exhaustive BM25 (and the row twin's top 10),
+    and its hybrid top 10 is the exact RRF of its legs (ids, order, scores), with and without a filter and
+    MaxScore pruning."""
+    rng = twins
+    op = _random_write(conn, rng, data)
+    if op == "optimize":
         before, after = optimize_source(conn, "blk")
         assert after <= before
         assert optimize_source(conn, "blk") == (after, after)
@@ -319,21 +326,7 @@ def test_a_principal_reads_a_block_source_as_its_row_twin(
         conn, f"b{next(_principals)}", tables=list(TWINS), row_filter=row_filter, fields=grant
     )
     try:
-        op = data.draw(st.sampled_from(["insert", "update", "delete", "optimize", "none"]), label="op")
-        if op == "insert":
-            _copy(conn, _rows(rng, data.draw(st.integers(1, 150), label="n")))
-        elif op == "update":
-            words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
-            mod = data.draw(st.integers(2, 9), label="mod")
-            _both(
-                conn,
-                "update {table} set text = text || ' ' || %s where agentdb_chunk_id %% %s = 0",
-                (words, mod),
-            )
-        elif op == "delete":
-            mod = data.draw(st.integers(3, 11), label="mod")
-            _both(conn, "delete from {table} where agentdb_chunk_id %% %s = 1", (mod,))
-        elif op == "optimize":
+        if _random_write(conn, rng, data) == "optimize":
             optimize_source(conn, "blk")
 
         query = " ".join(
