@@ -269,10 +269,21 @@ def create_document_source(
                 " unique (doc_id, chunk))"
             ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
         )
+        _store_vectors_inline(conn, source)
         _create_indexes(conn, source, metadata=True)
         _install_triggers(conn, source)
         assert source.id == source_id
     return source
+
+
+def _store_vectors_inline(conn: psycopg.Connection[Any], source: Source) -> None:
+    """Keep each row's vector in the row itself (storage main) instead of pgvector's default (external, out of
+    line once a row passes about 2 kB): the dense leg reads the vector of every row it returns to compute its
+    distance, and a TOAST read costs about as much again as the HNSW step that found the row (SciFact, 400
+    candidates: 6.4 ms out of line, 4.6 ms inline). The text still moves out of line first when a row is long."""
+    conn.execute(
+        sql.SQL("alter table {} alter column agentdb_embedding set storage main").format(source.table)
+    )
 
 
 def _create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:
@@ -423,6 +434,7 @@ def register_table(
                 " for each row execute function agentdb.clear_stale_embedding()"
             ).format(cols=sql.SQL(", ").join(sql.Identifier(c) for c in text_columns), table=source.table)
         )
+        _store_vectors_inline(conn, source)
         _create_indexes(conn, source, metadata=False)
         # The embedding queue: rows without a vector (new, or whose text changed), found by this index.
         conn.execute(

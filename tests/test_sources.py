@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 from pydantic import ValidationError
 
 from agentdb.errors import (
@@ -542,6 +543,50 @@ def test_drop_source_gives_the_table_back(
     # ... and it can be registered again.
     register(conn, db_url, embedder)
     assert_lexical_ok(conn, "articles")
+
+
+def test_every_kind_of_source_keeps_its_vectors_in_the_row(
+    conn: psycopg.Connection[Any], embedder: Any, registered: Any
+) -> None:
+    """Documents, registered tables and memory stores store each vector in its row (storage main), even where a
+    long text goes out of line, and migration 0018 moves the sources made before it to that storage."""
+    from agentdb.db.migrate import migrate
+    from agentdb.memory.store import create_store
+    from agentdb.sources import create_document_source
+
+    docs = create_document_source(
+        conn, "docs", embedding_model=embedder.model_name, embedding_dim=embedder.dim
+    )
+    create_store(conn, "notes", embedding_model=embedder.model_name, embedding_dim=embedder.dim)
+    storage_sql = (
+        "select s.name, a.attstorage from agentdb.sources s join pg_attribute a"
+        " on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass"
+        " and a.attname = 'agentdb_embedding' order by s.name"
+    )
+    tables = conn.execute(storage_sql).fetchall()
+    assert [kind for _, kind in tables] == ["m", "m", "m"] and len({n for n, _ in tables}) == 3
+
+    # A row far past a page's TOAST threshold: its text goes out of line, its vector stays.
+    rng = np.random.default_rng(7)
+    long_text = " ".join(f"w{int(n)}" for n in rng.integers(0, 10**9, 3000))
+    conn.execute(
+        sql.SQL("insert into {} (doc_id, chunk, text, agentdb_embedding) values ('long', 0, %s, %s)").format(
+            docs.table
+        ),
+        (long_text, embedder.embed(["a long chunk"])[0]),
+    )
+    assert conn.execute(
+        sql.SQL(
+            "select pg_column_toast_chunk_id(text) is not null, pg_column_toast_chunk_id(agentdb_embedding)"
+            " from {} where doc_id = 'long'"
+        ).format(docs.table)
+    ).fetchone() == (True, None)
+
+    # Sources from before the migration: their column is set when it runs.
+    conn.execute("alter table articles alter column agentdb_embedding set storage external")
+    conn.execute("delete from agentdb.schema_migrations where version = 18")
+    assert migrate(conn) == [18]
+    assert conn.execute(storage_sql).fetchall() == tables
 
 
 # Typed fields --------------------------------------------------------------------------------------------------
