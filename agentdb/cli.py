@@ -422,6 +422,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             group_by_doc=args.group_by_doc,
             fusion=args.fusion,
             alpha=args.alpha,
+            output_results=args.json,
         )
     if args.json:
         print(

@@ -265,12 +265,14 @@ def test_group_by_doc_keeps_each_documents_first_rrf_hit_and_results_repeat_the_
     dense, sparse = _legs(conn, query, vector, 100, threshold=0)
     assert dense.keys() - sparse.keys() and sparse.keys() - dense.keys()
     # top 25 and grouped top 10 both take 100 candidates a leg
-    flat = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, top_k=25)
+    flat = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, top_k=25, output_results=True)
     first: dict[str, Hit] = {}
     for hit in flat.hits:
         first.setdefault(hit.id, hit)
     assert len(first) >= 10
-    grouped = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, group_by_doc=True)
+    grouped = retrieve(
+        conn, "docs", query, query_embedding=vector, threshold=0, group_by_doc=True, output_results=True
+    )
     assert [(h.id, h.chunk, h.score) for h in grouped.hits] == [
         (h.id, h.chunk, h.score) for h in list(first.values())[:10]
     ]
@@ -287,6 +289,10 @@ def test_group_by_doc_keeps_each_documents_first_rrf_hit_and_results_repeat_the_
             }
             for h in result.hits
         ]
+    # Unasked (the Python and HTTP default), the same call leaves the repeated hits out and keeps the funnel.
+    plain = retrieve(conn, "docs", query, query_embedding=vector, threshold=0, top_k=25)
+    assert "output" not in plain.diagnostics and plain.hits == flat.hits
+    assert plain.diagnostics["parameters"] == flat.diagnostics["parameters"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

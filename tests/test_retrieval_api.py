@@ -103,6 +103,9 @@ def test_response_schema_and_inferred_modes(client: TestClient) -> None:
     assert set(hit["_index_scores"]) == {"distance", "bm25", "rank_dense", "rank_sparse"}
     params = body["debug_info"]["queries"][0]["parameters"]
     assert params["retrieval_mode"] == "hybrid" and params["result_count"] == len(body["hits"])
+    # Asked for diagnostics, the funnel ends with every hit again (id, scores, text), in the hits' order.
+    results = body["debug_info"]["queries"][0]["output"]["results"]
+    assert [r["id"] for r in results] == [h["_id"] for h in body["hits"]] and all(r["text"] for r in results)
     lexical = ask(client, queries=[{"table": "runbooks", "full_text_search": {"match": "rollback"}}])
     assert (
         lexical["steps"][0]["details"]["retrieval_mode"] == "lexical"

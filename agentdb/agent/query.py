@@ -92,6 +92,7 @@ def run_query(
                     query_embedding=embedding,
                     group_by_doc=True,
                     row_filter=row_filter,
+                    output_results=plan.diagnostics,
                 )
         return results[k]
 

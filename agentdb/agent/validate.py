@@ -35,6 +35,7 @@ class Plan:
     # steps show these, never the internal table of a store's records.
     targets: list[dict[str, str]] = field(default_factory=list)
     expand_window: int = 1
+    diagnostics: bool = False  # the request shows each query's diagnostics, output.results included
     deepening: DeepeningOptions | None = None
     judge: UsageMeter | None = None
     navigation: NavigationOptions | None = None
@@ -99,7 +100,7 @@ def validate(
 ) -> Plan:
     """Every check that can fail before any query runs or any model is called: features and their models,
     tables, permissions, projections (a field grant narrows an unrestricted request)."""
-    plan = Plan(projections=[])
+    plan = Plan(projections=[], diagnostics=request.diagnostics)
     _features(request, settings, plan)
     projections = plan.projections
     for i, spec in enumerate(request.queries):

@@ -117,9 +117,12 @@ def retrieve(
     exclusion_query: dict[str, Any] | None = None,
     fusion: Fusion = "rrf",
     alpha: float = 0.5,
+    output_results: bool = False,
 ) -> Result:
     """Search `source`; dense and hybrid modes embed `query` with the source's model unless a vector is given.
-    Hybrid mode fuses its legs by `fusion`: "rrf" (with `rrf_k`) or "convex" (with `alpha`, the BM25 weight)."""
+    Hybrid mode fuses its legs by `fusion`: "rrf" (with `rrf_k`) or "convex" (with `alpha`, the BM25 weight).
+    The diagnostics hold the funnel's counts; `output_results` adds `output.results`, every hit again with its
+    text, which HTTP shows only when a request asks for diagnostics."""
     if mode not in ("dense", "lexical", "hybrid"):
         raise InvalidParamValue(
             f"retrieval_mode must be dense, lexical or hybrid, not {mode!r}", path="retrieval_mode"
@@ -138,7 +141,7 @@ def retrieve(
         " filter => %(filter)s, model => %(model)s, group_by_doc => %(group_by_doc)s, ef_search => %(ef_search)s,"
         " candidates => %(candidates)s, row_filter => %(row_filter)s, fields => %(fields)s,"
         " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s, fusion => %(fusion)s,"
-        " alpha => %(alpha)s)",
+        " alpha => %(alpha)s, output_results => %(output_results)s)",
         {
             "source": source,
             "query": query,
@@ -158,6 +161,7 @@ def retrieve(
             "exclusion_query": _jsonb(exclusion_query, "exclusion_query"),
             "fusion": fusion,
             "alpha": alpha,
+            "output_results": output_results,
         },
     )
     payload = rows[0][0]
