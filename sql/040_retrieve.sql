@@ -78,6 +78,9 @@ declare
     t_df bigint[];
     t_span bigint[];
     blocks boolean := (select s.lexical_layout = 'blocks' from agentdb.sources s where s.id = bm25_maxscore.source_id);
+    -- A principal's role reads no block itself (its block postings come through term_postings): it joins, and
+    -- primes theta from its sums alone (a lookup in the blocks would find nothing).
+    blocks_hidden boolean := blocks and left(current_user, 10) = 'agentdb_p_';
     after float8[];                        -- after[i]: the sum of ub over the terms after i
     nt int;
     i int;
@@ -152,7 +155,8 @@ declare
         left join lateral (select coalesce(array_agg(g.chunk_id), '{}') as ids, coalesce(array_agg(g.known), '{}') as known
                            from g where g.known + $12 >= t.theta) h on $12 < t.theta or $12 = 0 $q$,
         scores, filter_sql, prime_chunks,
-        format(case when blocks then block_lookup else row_lookup end, 'best.chunk_id', 't.term', 't.wk', 't.span'),
+        case when blocks_hidden then 'null::float8'
+             else format(case when blocks then block_lookup else row_lookup end, 'best.chunk_id', 't.term', 't.wk', 't.span') end,
         format(kth, 'exact s', ''));
     -- Every statement here takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
     -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
@@ -228,9 +232,8 @@ begin
         step_terms := t_term[i:i];
         step_wk := t_wk[i:i];
         bound := after[i];
-        -- (A principal's role reads no block itself: its block postings come through term_postings.)
-        execute case when cardinality(ids) * case when blocks then 16 else 2 end >= t_df[i]
-                          or (blocks and left(current_user, 10) = 'agentdb_p_') then add_term_join
+        execute case when cardinality(ids) * case when blocks then 16 else 2 end >= t_df[i] or blocks_hidden
+                     then add_term_join
                      when blocks then add_term_block_lookup else add_term_lookup end
             into ids, known
             using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
