@@ -11,6 +11,10 @@ most related abstracts). Rows are loaded with COPY in batches, so agentdb's stat
 index in the first layout of --layouts as they would for any writer; the blocks are merged, the HNSW index is
 dropped before the load and rebuilt after it with the same definition. Each further layout is rebuilt on the
 same rows. Then 200 SciFact queries per mode are timed. A benchmark, not a test.
+
+Loading options: --writers N COPYs the batches on N connections at once (each batch its own transaction;
+the rows are the same whatever N); --lexical-only loads no vectors, builds no HNSW index and times the
+lexical rows only; --db-suffix loads into databases of its own; --check runs agentdb check afterwards.
 """
 
 from __future__ import annotations
