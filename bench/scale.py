@@ -11,6 +11,10 @@ most related abstracts). Rows are loaded with COPY in batches, so agentdb's stat
 index in the first layout of --layouts as they would for any writer; the blocks are merged, the HNSW index is
 dropped before the load and rebuilt after it with the same definition. Each further layout is rebuilt on the
 same rows. Then 200 SciFact queries per mode are timed. A benchmark, not a test.
+
+Loading options: --writers N COPYs the batches on N connections at once (each batch its own transaction;
+the rows are the same whatever N); --lexical-only loads no vectors, builds no HNSW index and times the
+lexical rows only; --db-suffix loads into databases of its own; --check runs agentdb check afterwards.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import queue
 import re
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -232,45 +238,76 @@ def load(
         sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(hnsw))
     )
 
-    copy = sql.SQL(
-        "copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin (format binary)"
-    ).format(source.table)
+    columns = ["doc_id", "chunk", "title", "text", "metadata"] + (
+        [] if args.lexical_only else ["agentdb_embedding"]
+    )
+    copy = sql.SQL("copy {} ({}) from stdin (format binary)").format(
+        source.table, sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+    types = ["text", "int4", "text", "text", "jsonb", "vector"][: len(columns)]
     text_rng = np.random.default_rng([args.seed, size, 1])
     vec_rng = np.random.default_rng([args.seed, size, 2])
-    timings = {"generate_s": 0.0, "copy_s": 0.0}
+    timings = {"generate_s": 0.0}
     bar = tqdm(total=size, desc=f"load {name}", unit="chunk", smoothing=0.05)
+    # The batches are generated in order here (the same rows whatever the number of writers) and COPYed by
+    # `args.writers` connections, each batch its own transaction; generation overlaps the COPY statements.
+    batches: queue.Queue[tuple[int, list[str], np.ndarray | None] | None] = queue.Queue(maxsize=args.writers)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        with connect(conn.info.dsn) as own:
+            while (item := batches.get()) is not None:
+                if errors:
+                    continue  # another writer failed: drain the queue so that the generator never blocks
+                start, texts, vectors = item
+                try:
+                    with own.transaction(), own.cursor() as cur, cur.copy(copy) as out:
+                        out.set_types(types)
+                        for j, text in enumerate(texts):
+                            row = (f"s{start + j:08d}", 0, "", text, Jsonb({}))
+                            out.write_row(row if vectors is None else (*row, vectors[j]))
+                except BaseException as exc:  # re-raised by the loading thread
+                    errors.append(exc)
+                bar.update(len(texts))
+
+    threads = [threading.Thread(target=writer) for _ in range(args.writers)]
+    t_load = time.perf_counter()
+    for t in threads:
+        t.start()
     for start in range(0, size, args.batch):
         n = min(args.batch, size - start)
         t0 = time.perf_counter()
         texts = make_texts(text_rng, n)
-        vectors = unit_vectors(vec_rng, n)
-        t1 = time.perf_counter()
-        with conn.transaction(), conn.cursor() as cur, cur.copy(copy) as writer:
-            writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
-            for j in range(n):
-                writer.write_row((f"s{start + j:08d}", 0, "", texts[j], Jsonb({}), vectors[j]))
-        timings["generate_s"] += t1 - t0
-        timings["copy_s"] += time.perf_counter() - t1
-        bar.update(n)
+        vectors = None if args.lexical_only else unit_vectors(vec_rng, n)
+        timings["generate_s"] += time.perf_counter() - t0
+        batches.put((start, texts, vectors))
+    for _ in threads:
+        batches.put(None)
+    for t in threads:
+        t.join()
+    timings["copy_s"] = time.perf_counter() - t_load
     bar.close()
+    if errors:
+        raise errors[0]
     t0 = time.perf_counter()
     optimize_source(conn, name)
     timings["merge_s"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    conn.execute(sql.SQL("set maintenance_work_mem = {}").format(sql.Literal(args.maintenance_work_mem)))
-    conn.execute(
-        sql.SQL("set max_parallel_maintenance_workers = {}").format(sql.Literal(args.parallel_workers))
-    )
-    print(
-        f"building the HNSW index ({index_def.split(' USING ')[1]}), maintenance_work_mem "
-        f"{args.maintenance_work_mem}, {args.parallel_workers} parallel worker(s)...",
-        flush=True,
-    )
-    conn.execute(index_def)  # noqa: S608 - the definition Postgres itself printed for agentdb's index
-    conn.execute("reset maintenance_work_mem")
-    conn.execute("reset max_parallel_maintenance_workers")
-    timings["hnsw_build_s"] = time.perf_counter() - t0
+    if not args.lexical_only:
+        t0 = time.perf_counter()
+        conn.execute(sql.SQL("set maintenance_work_mem = {}").format(sql.Literal(args.maintenance_work_mem)))
+        conn.execute(
+            sql.SQL("set max_parallel_maintenance_workers = {}").format(sql.Literal(args.parallel_workers))
+        )
+        print(
+            f"building the HNSW index ({index_def.split(' USING ')[1]}), maintenance_work_mem "
+            f"{args.maintenance_work_mem}, {args.parallel_workers} parallel worker(s)...",
+            flush=True,
+        )
+        conn.execute(index_def)  # noqa: S608 - the definition Postgres itself printed for agentdb's index
+        conn.execute("reset maintenance_work_mem")
+        conn.execute("reset max_parallel_maintenance_workers")
+        timings["hnsw_build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     # A fresh bulk load has no visibility map yet: without VACUUM the postings' index-only scans would visit
     # the heap; ANALYZE gives the planner the new row counts.
@@ -300,10 +337,15 @@ def query_vectors(
 
 
 def time_modes(
-    conn: psycopg.Connection[Any], name: str, texts: list[str], qvecs: np.ndarray, repeat: int
+    conn: psycopg.Connection[Any],
+    name: str,
+    texts: list[str],
+    qvecs: np.ndarray | None,
+    repeat: int,
+    rows: tuple[str, ...] = ROWS,
 ) -> dict[str, Any]:
-    """p50/p95 per row (each query's best of `repeat` passes), and how many queries got the same hits (ids,
-    order, scores to 1e-9) with and without pruning."""
+    """p50/p95 per row of `rows` (each query's best of `repeat` passes), and how many queries got the same hits
+    (ids, order, scores to 1e-9) with and without pruning."""
     from agentdb.retrieval import retrieve
 
     unpruned = connect(conn.info.dsn)
@@ -314,7 +356,7 @@ def time_modes(
         db = unpruned if row in UNPRUNED else conn
 
         def search(i: int) -> list[tuple[str, int, float]]:
-            vec = None if mode == "lexical" else qvecs[i]
+            vec = None if mode == "lexical" or qvecs is None else qvecs[i]
             result = retrieve(
                 db,
                 name,
@@ -329,7 +371,7 @@ def time_modes(
         return search
 
     hits, best, first = time_systems(
-        [(row, searcher(row)) for row in ROWS], len(texts), desc=f"{name} queries", repeat=repeat
+        [(row, searcher(row)) for row in rows], len(texts), desc=f"{name} queries", repeat=repeat
     )
     unpruned.close()
     out: dict[str, Any] = {
@@ -340,11 +382,12 @@ def time_modes(
             "first_pass_p95_ms": percentile(first[row], 95),
             "mean_hits": float(np.mean([len(h) for h in hits[row]])),
         }
-        for row in ROWS
+        for row in rows
     }
     out["pruned_equals_unpruned"] = {
         mode: sum(a == b for a, b in zip(hits[mode], hits[row], strict=True))
         for row, mode in UNPRUNED.items()
+        if row in rows
     }
     return out
 
@@ -392,8 +435,29 @@ def main() -> int:
         default=list(LAYOUTS),
         help="lexical index layouts to measure on the same rows: the first is loaded, the others rebuilt",
     )
+    parser.add_argument(
+        "--writers", type=int, default=1, help="connections COPYing disjoint batches concurrently (default 1)"
+    )
+    parser.add_argument(
+        "--lexical-only",
+        action="store_true",
+        help="load no vectors and build no HNSW index; time the lexical rows only (results in scale_lexical.json)",
+    )
+    parser.add_argument(
+        "--db-suffix",
+        default="",
+        help="appended to the database names (a load of its own beside the usual databases), e.g. _w2",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run agentdb check (agentdb.lexical_check) after the load and merge",
+    )
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
+    if args.writers < 1 or not re.fullmatch(r"[a-z0-9_]*", args.db_suffix):
+        parser.error("--writers must be at least 1; --db-suffix takes lower-case letters, digits and _")
+    rows_timed = ("lexical", "lexical, no pruning") if args.lexical_only else ROWS
 
     from agentdb.sources import MERGE_SLICES, get_source
 
@@ -426,7 +490,7 @@ def main() -> int:
 
     for corpus, size in [(c, n) for c in args.corpus for n in args.sizes]:
         db_prefix, name_prefix = CORPORA[corpus]
-        db = f"{db_prefix}_{size}"
+        db = f"{db_prefix}_{size}{args.db_suffix}"
         name = f"{name_prefix}_{size}"
         conn = connect(database_url(base_url, db))
         have = 0
@@ -434,7 +498,7 @@ def main() -> int:
             src = get_source(conn, name)
             row = conn.execute(sql.SQL("select count(*) from {}").format(src.table)).fetchone()
             have = row[0] if row else 0
-        key = f"{name}:{args.layouts[0]}"
+        key = f"{name}:{args.layouts[0]}{args.db_suffix}{':lexical' if args.lexical_only else ''}"
         if have == size and not args.reload and key in saved:
             load_info = {**saved[key], "reused": True}
             print(f"reusing {db} ({size} chunks); load figures from the run that built it")
@@ -445,7 +509,11 @@ def main() -> int:
             saved[key] = load_info
             timings_path.write_text(json.dumps(saved, indent=2))
             load_info = {**load_info, "reused": False}
-        qvecs = query_vectors(conn, get_source(conn, name).table, size, args.queries, args.seed)
+        qvecs = (
+            None
+            if args.lexical_only
+            else query_vectors(conn, get_source(conn, name).table, size, args.queries, args.seed)
+        )
         for layout in args.layouts:
             src = get_source(conn, name)
             built: dict[str, Any] = {"layout": layout}
@@ -461,6 +529,9 @@ def main() -> int:
             if layout == args.layouts[0]:
                 built.update(load_info)
             sizes = relation_sizes(conn, src.table, layout)
+            print(
+                f"{name}, {layout}: {json.dumps({**built, 'sizes_bytes': sizes}, default=float)}", flush=True
+            )
             stats = conn.execute(
                 "select n_chunks, total_len from agentdb.corpus_stats where source_id = %s", (src.id,)
             ).fetchone()
@@ -474,8 +545,18 @@ def main() -> int:
                 "load_average_1m": machine_facts()["load_average_1m"],
                 "sql_sha1": machine_versions["sql_sha1"],
                 "timing_passes": args.repeat,
+                "writers": args.writers,
+                "batch": args.batch,
             }
-            row.update(time_modes(conn, name, texts, qvecs, args.repeat))
+            row.update(time_modes(conn, name, texts, qvecs, args.repeat, rows_timed))
+            if args.check:
+                t0 = time.perf_counter()
+                print(f"agentdb check {name}...", flush=True)
+                row["check_mismatches"] = dict(
+                    conn.execute("select what, mismatches from agentdb.lexical_check(%s)", (name,)).fetchall()
+                )
+                row["check_s"] = round(time.perf_counter() - t0, 1)
+                print(f"agentdb check {name}: {row['check_mismatches']} ({row['check_s']} s)", flush=True)
             results.append(row)
         conn.close()
         if args.drop_after and size >= args.drop_after:
@@ -500,7 +581,7 @@ def main() -> int:
             f"{r[m]['mean_hits']:.1f}",
         ]
         for r in results
-        for m in ROWS
+        for m in rows_timed
     ]
     print()
     for corpus in args.corpus:
@@ -524,6 +605,7 @@ def main() -> int:
         "corpus",
         "chunks",
         "layout",
+        "writers",
         "generate s",
         "COPY+index s",
         "merge s",
@@ -543,6 +625,7 @@ def main() -> int:
             r["corpus"],
             f"{r['size']:,}",
             r["layout"],
+            r.get("writers", 1),
             r.get("generate_s"),
             r.get("copy_s"),
             r.get("merge_s"),
@@ -561,7 +644,8 @@ def main() -> int:
     ]
     print(format_table(load_headers, load_rows, left=3))
     print(
-        "COPY+index: the COPY statements with the triggers building the lexical index (postings, statistics);\n"
+        "COPY+index: wall time of the COPY statements with the triggers building the lexical index (postings,\n"
+        "statistics), on `writers` connections at once, while the next batches are generated (generate s);\n"
         f"merge: agentdb optimize after the load ({MERGE_SLICES} term ranges, a VACUUM after each); chunks/s:\n"
         "chunks / (COPY+index + merge), embedding excluded (vectors are generated); rebuild: the index rebuilt\n"
         "from the same rows in the layout measured second; lexical index: pg_total_relation_size of the layout's\n"
@@ -571,7 +655,12 @@ def main() -> int:
     if any(r.get("reused") for r in results):
         print("(reused data: load times are those of the run that built it)")
     for r in results:
-        if r["size"] == 1_000_000 and r["corpus"] == "synthetic":
+        if "check_mismatches" in r:
+            print(
+                f"agentdb check {r['corpus']} {r['size']:,} ({r['check_s']} s): "
+                + ", ".join(f"{what} {n}" for what, n in r["check_mismatches"].items())
+            )
+        if r["size"] == 1_000_000 and r["corpus"] == "synthetic" and "hybrid" in r:
             p50 = r["hybrid"]["p50_ms"]
             verdict = "met" if p50 <= TARGET_HYBRID_P50_MS_1M else "MISSED"
             print(
@@ -582,7 +671,7 @@ def main() -> int:
 
     if not args.no_json:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / "scale.json"
+        path = RESULTS / ("scale_lexical.json" if args.lexical_only else "scale.json")
         # Keep the figures of sizes not measured in this run (a 1M run takes about an hour).
         by_size = (
             {
@@ -605,6 +694,8 @@ def main() -> int:
                 "vocabulary": origin,
                 "corpora": descriptions,
                 "batch": args.batch,
+                "writers": args.writers,
+                "lexical_only": args.lexical_only,
                 "merge_slices": MERGE_SLICES,
                 "seed": args.seed,
                 "maintenance_work_mem": args.maintenance_work_mem,

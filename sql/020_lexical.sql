@@ -17,9 +17,12 @@
 -- agentdb_internal.term_postings, which serves either layout; a principal's role reads blocks only through
 -- agentdb_internal.principal_block_postings (one posting a row, of the chunks it may read).
 
--- Lock order: every writer of a source's index first locks its corpus_stats row, then term_stats rows.
+-- Lock order: every writer of a source's statistics first locks its corpus_stats row, then term_stats rows.
 -- Writers of one source thus queue on that row before holding any term, so concurrent transactions that
--- each delete and insert (a re-ingested batch) cannot deadlock on term_stats.
+-- each delete and insert (a re-ingested batch) cannot deadlock on term_stats. An addition inserts its new
+-- postings or blocks before it takes that lock (they hold only the chunk ids it adds, which no other writer
+-- can add, remove or merge), so concurrent writers of one source overlap in all but adding their statistics
+-- (agentdb_internal.lexical_apply); a removal rewrites existing blocks and does all of it under the lock.
 
 -- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
 -- would leave an older overload behind (not the trigger functions, which the source tables' triggers hold
@@ -31,9 +34,9 @@ begin
     for f in select p.oid::regprocedure from pg_proc p
              where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
                and p.prorettype <> 'trigger'::regtype
-               and p.proname in ('lexical_add_sql', 'lexical_remove_sql', 'lexical_rebuild', 'lexical_check',
-                                 'lexical_optimize', 'lexical_set_layout', 'term_postings', 'block_sql',
-                                 'lexical_slice_bounds', 'principal_block_postings')
+               and p.proname in ('lexical_add_sql', 'lexical_delta_sql', 'lexical_apply', 'lexical_remove_sql',
+                                 'lexical_rebuild', 'lexical_check', 'lexical_optimize', 'lexical_set_layout',
+                                 'term_postings', 'block_sql', 'lexical_slice_bounds', 'principal_block_postings')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -144,64 +147,84 @@ select format($q$
     case when sorted then 'order by e.chunk_id' else '' end)
 $$;
 
--- The statements that add the postings and statistics of the rows of relation `rel` (a transition table
--- inside a trigger, or a whole source table when rebuilding) to a source of layout `layout`. Returned as
--- text because only the trigger function itself can see its transition tables; $1 is the source id.
-create or replace function agentdb.lexical_add_sql(rel text, layout text) returns text[]
+-- The final select of agentdb.lexical_add_sql's statement: the rows of `rel` counted with their lengths, and the
+-- CTE term_delta (term, df, max_tf, min_dl, max_span) folded into arrays: the fields of one
+-- agentdb_internal.lexical_delta, in order (EXECUTE ... INTO a composite variable takes its fields as columns).
+create or replace function agentdb_internal.lexical_delta_sql(rel text) returns text
 language sql immutable as $$
-select array[
-    format($q$
-    insert into agentdb.corpus_stats as c (source_id, n_chunks, total_len)
-    select $1, count(*),
-           coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0)
-    from %s n
-    on conflict (source_id) do update
-        set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len
-    $q$, rel),
-    case when layout = 'rows' then format($q$
+select format($q$
+    select c.n, c.len, t.terms, t.dfs, t.max_tfs, t.min_dls, t.max_spans
+    from (select count(*) as n,
+                 coalesce(sum((select sum(coalesce(cardinality(x.positions), 1)) from unnest(r.agentdb_tsv) x)), 0) as len
+          from %s r) c
+    cross join (select array_agg(term order by term) as terms, array_agg(df::bigint order by term) as dfs,
+                       array_agg(max_tf::int order by term) as max_tfs, array_agg(min_dl::int order by term) as min_dls,
+                       array_agg(max_span::bigint order by term) as max_spans
+                from term_delta) t $q$, rel)
+$$;
+
+-- The statement that adds the postings of the rows of relation `rel` (a transition table inside a trigger, or a
+-- whole source table when rebuilding) to a source of layout `layout` and returns what they add to its
+-- statistics, one agentdb_internal.lexical_delta, for agentdb_internal.lexical_apply. Returned as text because
+-- only the trigger function itself can see its transition tables; $1 is the source id. It locks no shared row.
+create or replace function agentdb.lexical_add_sql(rel text, layout text) returns text
+language sql immutable as $$
+select case when layout = 'rows' then format($q$
     with entries as (
         select n.agentdb_chunk_id as chunk_id, t.lexeme as term,
                coalesce(cardinality(t.positions), 1) as tf
-        from %s n cross join lateral unnest(n.agentdb_tsv) as t
+        from %1$s n cross join lateral unnest(n.agentdb_tsv) as t
     ), lengths as (
         select chunk_id, sum(tf)::int as dl from entries group by chunk_id
     ), ins as (
         insert into agentdb.postings (source_id, term, chunk_id, tf, dl)
         select $1, e.term, e.chunk_id, e.tf, l.dl from entries e join lengths l using (chunk_id)
         returning term, tf, dl
-    )
-    insert into agentdb.term_stats as s (source_id, term, df, max_tf, min_dl)
-    select $1, term, count(*), max(tf), min(dl) from ins group by term order by term
-    on conflict (source_id, term) do update
-        set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
-            min_dl = least(s.min_dl, excluded.min_dl)
-    $q$, rel)
+    ), term_delta as (
+        select term, count(*) as df, max(tf) as max_tf, min(dl) as min_dl, 0::bigint as max_span
+        from ins group by term
+    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel))
     else format($q$
     with postings as (
         select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl
-        from %s n
+        from %1$s n
         cross join lateral (select sum(coalesce(cardinality(x.positions), 1))::int as dl from unnest(n.agentdb_tsv) x) l
         cross join lateral unnest(n.agentdb_tsv) as t
-    ), %s
-    insert into agentdb.term_stats as s (source_id, term, df, max_tf, min_dl, max_span)
-    select $1, term, sum(n), max(max_tf), min(min_dl), max(last_chunk - first_chunk) from blocks group by term
-    order by term
-    on conflict (source_id, term) do update
-        set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
-            min_dl = least(s.min_dl, excluded.min_dl), max_span = greatest(s.max_span, excluded.max_span)
-    $q$, rel, agentdb_internal.block_sql('postings', '', false)) end
-];
+    ), %2$s, term_delta as (
+        select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
+        from blocks group by term
+    ) %3$s $q$, rel, agentdb_internal.block_sql('postings', '', false), agentdb_internal.lexical_delta_sql(rel))
+    end
+$$;
+
+-- Add delta `d` (agentdb.lexical_add_sql's) to source `source_id`'s statistics: its corpus_stats row first
+-- (the source's write lock, held to commit), then its terms' term_stats rows in term order.
+create or replace function agentdb_internal.lexical_apply(source_id int, d agentdb_internal.lexical_delta)
+returns void
+language sql as $$
+insert into agentdb.corpus_stats as c (source_id, n_chunks, total_len)
+values (lexical_apply.source_id, d.n_chunks, d.total_len)
+on conflict (source_id) do update
+    set n_chunks = c.n_chunks + excluded.n_chunks, total_len = c.total_len + excluded.total_len;
+insert into agentdb.term_stats as s (source_id, term, df, max_tf, min_dl, max_span)
+select lexical_apply.source_id, u.term, u.df, u.max_tf, u.min_dl, u.max_span
+from unnest(d.terms, d.dfs, d.max_tfs, d.min_dls, d.max_spans) as u(term, df, max_tf, min_dl, max_span)
+order by u.term
+on conflict (source_id, term) do update
+    set df = s.df + excluded.df, max_tf = greatest(s.max_tf, excluded.max_tf),
+        min_dl = least(s.min_dl, excluded.min_dl), max_span = greatest(s.max_span, excluded.max_span);
 $$;
 
 create or replace function agentdb.lexical_after_insert() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
+    delta agentdb_internal.lexical_delta;
 begin
-    foreach stmt in array agentdb.lexical_add_sql('new_rows', (select s.lexical_layout from agentdb.sources s
-                                                                where s.id = TG_ARGV[0]::int)) loop
-        execute stmt using TG_ARGV[0]::int;
-    end loop;
+    execute agentdb.lexical_add_sql('new_rows', (select s.lexical_layout from agentdb.sources s
+                                                 where s.id = TG_ARGV[0]::int))
+        into delta using TG_ARGV[0]::int;
+    perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'insert') loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
@@ -282,17 +305,17 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     layout text := (select s.lexical_layout from agentdb.sources s where s.id = TG_ARGV[0]::int);
+    delta agentdb_internal.lexical_delta;
 begin
     foreach stmt in array agentdb.lexical_remove_sql(
         '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id)'
         ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
-    foreach stmt in array agentdb.lexical_add_sql(
+    execute agentdb.lexical_add_sql(
         '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
-        execute stmt using TG_ARGV[0]::int;
-    end loop;
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) into delta using TG_ARGV[0]::int;
+    perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'update') loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
@@ -323,7 +346,7 @@ create or replace function agentdb.lexical_rebuild(source_name text) returns voi
 language plpgsql as $$
 declare
     src agentdb.sources;
-    stmt text;
+    delta agentdb_internal.lexical_delta;
 begin
     select * into src from agentdb.sources where name = source_name for update;
     if not found then
@@ -333,11 +356,9 @@ begin
     delete from agentdb.postings where source_id = src.id;
     delete from agentdb.posting_blocks where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
-    foreach stmt in array agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name),
-                                                  src.lexical_layout) loop
-        execute stmt using src.id;
-    end loop;
-    insert into agentdb.corpus_stats (source_id) values (src.id) on conflict do nothing;
+    execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout)
+        into delta using src.id;
+    perform agentdb_internal.lexical_apply(src.id, delta);
 end;
 $$;
 
