@@ -552,8 +552,13 @@ def optimize_source(
         with conn.transaction():
             run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, %(l)s)", {"s": name, "l": layout})
     # The merge joins a source's blocks to its terms: with the statistics of before a bulk load (the source's
-    # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds.
-    conn.execute("analyze agentdb.posting_blocks")
+    # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds. A source
+    # in rows has nothing to merge (and an unknown one is refused by lexical_optimize below).
+    row = conn.execute(
+        "select lexical_layout = 'blocks' from agentdb.sources where name = %s", (name,)
+    ).fetchone()
+    if row and row[0]:
+        conn.execute("analyze agentdb.posting_blocks")
     vacuum = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     bounds: list[str] = []
     if vacuum and slices > 1:

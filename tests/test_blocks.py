@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 from agentdb.auth import check_fields, create_principal, delete_principal, list_principals, principal_scope
 from agentdb.cli import main as cli_main
 from agentdb.db.pool import configure
-from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
 from agentdb.sources import FieldSpec, create_document_source, get_source, optimize_source
@@ -283,6 +283,10 @@ def test_layouts_convert_both_ways(conn: psycopg.Connection[Any], twins: random.
     optimize_source(conn, "blk", layout="blocks")
     assert_same_ranking(_hits(retrieve(conn, "blk", query, mode="lexical")), want)
     assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+    # An unknown source is the clear error, not a merge of nothing.
+    with pytest.raises(StorageFileNotFound) as raised:
+        optimize_source(conn, "nope")
+    assert raised.value.code == 3010 and raised.value.path == "source"
 
 
 def test_concurrent_writers_readers_and_a_merge_stay_exact(
