@@ -132,6 +132,13 @@ def test_no_hit_field_or_count_leaks(served: Any, words: list[str], mode: str, l
     assert ids <= allowed
     assert all("secret" not in h["_source"] for h in body["hits"])
     params = body["debug_info"]["queries"][0]["parameters"]
+    # the diagnostics' repeat of the hits (asked for here) holds the same rows and no field beyond the hits'
+    results = body["debug_info"]["queries"][0]["output"]["results"]
+    assert {r["id"] for r in results} <= allowed
+    assert all(
+        set(r) == {"id", "chunk", "distance", "bm25_score", "rank_dense", "rank_sparse", "text"}
+        for r in results
+    )
     visible = {d for d in allowed if docs[d]["level"] >= level}
     for key in ("sparse_raw_count", "dense_raw_count", "fused_candidate_count", "result_count"):
         assert params[key] <= len(visible)

@@ -517,6 +517,14 @@ def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
         every = _block_postings_of(conn, "blk", set(metadata))
         assert visible < every
         with principal_scope(conn, reader) as scoped:
+            # The statistics are written by the triggers (as their owner), never by the role itself: called
+            # directly, the function that applies a write's delta is refused and changes nothing.
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), scoped.transaction():
+                scoped.execute(
+                    "select agentdb_internal.lexical_apply(%s, row(1000000, 1, array['w0x'], array[1000000]::bigint[],"
+                    " array[1], array[1], array[0]::bigint[])::agentdb_internal.lexical_delta)",
+                    (blk,),
+                )
             assert scoped.execute("select count(*) from agentdb.posting_blocks").fetchone() == (0,)
             direct = set(
                 scoped.execute(
