@@ -555,19 +555,17 @@ def optimize_source(
     # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds. A source
     # in rows has nothing to merge (and an unknown one is refused by lexical_optimize below).
     row = conn.execute(
-        "select lexical_layout = 'blocks' from agentdb.sources where name = %s", (name,)
+        "select id from agentdb.sources where name = %s and lexical_layout = 'blocks'", (name,)
     ).fetchone()
-    if row and row[0]:
+    blocks_source = row[0] if row else None
+    if blocks_source is not None:
         conn.execute("analyze agentdb.posting_blocks")
     vacuum = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     bounds: list[str] = []
-    if vacuum and slices > 1:
-        row = conn.execute(
-            "select agentdb_internal.lexical_slice_bounds(id, %s) from agentdb.sources"
-            " where name = %s and lexical_layout = 'blocks'",
-            (slices, name),
-        ).fetchone()
-        bounds = list(row[0]) if row else []
+    if vacuum and slices > 1 and blocks_source is not None:
+        (bounds,) = conn.execute(
+            "select agentdb_internal.lexical_slice_bounds(%s, %s)", (blocks_source, slices)
+        ).fetchone() or ([],)
     edges: list[str | None] = [None, *bounds, None]
     before = after = 0
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
