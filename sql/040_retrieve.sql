@@ -326,6 +326,8 @@ declare
     use_sparse boolean := mode in ('lexical', 'hybrid');
     cand int;
     score_sql text;
+    fused_sql text;
+    range_sql text;
     dense_sql text;
     sparse_sql text;
     stmt text;
@@ -510,8 +512,23 @@ begin
             ' $5, $6, $14, $17, $18) m', filter_join);
     end if;
 
-    score_sql := case when mode = 'dense' then '1 - f.distance' when mode = 'lexical' then 'f.bm25'
-                      when fusion = 'convex' then 'f.convex' else 'f.rrf' end;
+    -- The fused score is computed for the chosen fusion only, and in float8 (numeric division and its cast
+    -- back cost about 3 us a candidate). RRF is one division of exact integers, 1 / (k + r) or
+    -- (2k + r1 + r2) / ((k + r1)(k + r2)), so it is the correctly rounded sum and equal sums stay equal (ties
+    -- then go by document and chunk): 1/(k+57) + 1/(k+330) and 1/(k+30) are both exactly 1/90 at k 60,
+    -- which two separately rounded terms would tell apart. Only convex fusion needs each leg's range.
+    score_sql := case when mode = 'dense' then '1 - f.distance' when mode = 'lexical' then 'f.bm25' else 'f.fused' end;
+    fused_sql := case
+        when mode <> 'hybrid' then 'null::float8'
+        when fusion = 'convex' then
+            '$20 * case when s.cid is null then 0 when s.hi > s.lo then (s.bm25 - s.lo) / (s.hi - s.lo) else 1 end'
+            ' + (1 - $20) * case when d.cid is null then 0 when d.hi > d.lo then (d.hi - d.distance) / (d.hi - d.lo)'
+            ' else 1 end'
+        else 'case when s.cid is null then 1::float8 / ($8 + d.rank_dense)'
+             ' when d.cid is null then 1::float8 / ($8 + s.rank_sparse)'
+             ' else (2 * $8 + d.rank_dense + s.rank_sparse)::float8 / (($8 + d.rank_dense) * ($8 + s.rank_sparse)) end' end;
+    range_sql := case when mode = 'hybrid' and fusion = 'convex' then 'min(%1$s) over () as lo, max(%1$s) over () as hi'
+                      else 'null::float8 as lo, null::float8 as hi' end;
 
     -- Deep pages (SciFact top 100, 400 candidates a leg) spend what top 10 does not on the candidates' keys
     -- and on the page's JSON. r groups documents by byte equality (collate "C": the same groups under any
@@ -521,18 +538,12 @@ begin
     stmt := format($q$
         with dense as materialized (%s),
         sparse as materialized (%s),
-        d as (select cid, distance, doc_id, chunk, row_number() over (order by distance, cid) as rank_dense,
-                     min(distance) over () as lo, max(distance) over () as hi
+        d as (select cid, distance, doc_id, chunk, row_number() over (order by distance, cid) as rank_dense, %s
               from dense where $4 = 0 or distance <= $4),
-        s as (select cid, bm25, row_number() over (order by bm25 desc, cid) as rank_sparse,
-                     min(bm25) over () as lo, max(bm25) over () as hi
+        s as (select cid, bm25, row_number() over (order by bm25 desc, cid) as rank_sparse, %s
               from sparse),
         f as (select coalesce(d.cid, s.cid) as cid, d.doc_id as dense_doc_id, d.chunk as dense_chunk,
-                     d.distance, s.bm25, d.rank_dense, s.rank_sparse,
-                     (coalesce(1.0 / ($8 + d.rank_dense), 0) + coalesce(1.0 / ($8 + s.rank_sparse), 0))::float8 as rrf,
-                     ($20 * case when s.cid is null then 0 when s.hi > s.lo then (s.bm25 - s.lo) / (s.hi - s.lo) else 1 end
-                      + (1 - $20) * case when d.cid is null then 0 when d.hi > d.lo then (d.hi - d.distance) / (d.hi - d.lo)
-                                         else 1 end)::float8 as convex
+                     d.distance, s.bm25, d.rank_dense, s.rank_sparse, (%s)::float8 as fused
               from d full join s on d.cid = s.cid),
         r as (select f.*, (%s)::float8 as score, k.doc_id, k.chunk,
                      row_number() over (partition by k.doc_id collate "C" order by (%s) desc, k.chunk) as doc_rank
@@ -560,6 +571,7 @@ begin
             'fused_candidate_count', (select count(*) from f))
         $q$,
         dense_sql, sparse_sql,
+        format(range_sql, 'distance'), format(range_sql, 'bm25'), fused_sql,
         score_sql, score_sql, r.doc_id, r.chunk, rel,
         r.title, r.body, r.metadata, r.metadata,
         rel);

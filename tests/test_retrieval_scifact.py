@@ -11,6 +11,7 @@ import random
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -269,6 +270,38 @@ def test_rrf_scores_and_deterministic_order(scifact: Any, judged: Any) -> None:
     order = [(-h.score, h.id, h.chunk) for h in first.hits]
     assert order == sorted(order)
     assert [h.rank for h in first.hits] == list(range(1, 41))
+
+
+def test_rrf_scores_are_exact_and_equal_sums_tie(scifact: Any, judged: Any) -> None:
+    """Each RRF score is the correctly rounded value of the exact sum, so mathematically equal sums are equal
+    floats and tie by document and chunk (at k 60, ranks 57 and 330 sum to exactly 1/90, the score of rank 30
+    alone; adding the two separately rounded terms tells them apart)."""
+    exact_ties = 0
+    for text in list(judged[0].values())[:60]:
+        result = retrieve(
+            scifact,
+            SOURCE,
+            text,
+            mode="hybrid",
+            top_k=100,
+            threshold=0,
+            group_by_doc=True,
+            query_embedding=judged[2][text],
+        )
+        exact = [
+            sum(Fraction(1, 60 + r) for r in (hit.rank_dense, hit.rank_sparse) if r is not None)
+            for hit in result.hits
+        ]
+        assert [hit.score for hit in result.hits] == [float(x) for x in exact]
+        order = [(-x, hit.id, hit.chunk) for x, hit in zip(exact, result.hits, strict=True)]
+        assert order == sorted(order)
+        exact_ties += sum(
+            1
+            for a, b, x, y in zip(result.hits, result.hits[1:], exact, exact[1:], strict=False)
+            if x == y and {a.rank_dense, a.rank_sparse, None} != {b.rank_dense, b.rank_sparse, None}
+        )
+    # The property is exercised: some pages hold equal sums from different pairs of ranks.
+    assert exact_ties > 0
 
 
 def test_sql_functions_equal_the_python_api(scifact: Any, judged: Any) -> None:
