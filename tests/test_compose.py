@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agentdb.db.server import start_embedded
+from agentdb.db.server import SERVER_MALLOC_ENV, start_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,3 +68,8 @@ def test_the_compose_api_service_builds_and_serves_the_demo_openly_on_loopback(e
         server.send_signal(signal.SIGTERM)
         _, log = server.communicate(timeout=60)
     assert "AGENTDB_ALLOW_OPEN=1: every request to 0.0.0.0 is allowed" in log
+
+
+def test_the_compose_database_keeps_freed_memory_like_the_embedded_server() -> None:
+    environment = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["db"]["environment"]
+    assert {name: environment.get(name) for name in SERVER_MALLOC_ENV} == SERVER_MALLOC_ENV
