@@ -89,12 +89,24 @@ declare
     known float8[] := '{}';
     theta float8 := 0;
     seen bigint := 0;
-    -- The chunks holding any of the terms $4 (weights $7) with their scores over those terms.
-    scores constant text := $q$
+    -- The chunks holding any of the terms $4 (weights $7) with their scores over those terms. Blocks read
+    -- directly are joined to their term's weight a block at a time, not a posting at a time (1M chunks: the
+    -- sums 20% sooner); the rows not merged into blocks yet are read beside them.
+    scores constant text := case when blocks and not blocks_hidden then $q$
+        select x.chunk_id, sum(x.wk * x.tf / (x.tf + $8 + $10 * x.dl)) as known
+        from (select b.first_chunk + unnest(b.offs) as chunk_id, t.wk, unnest(b.tfs) as tf, unnest(b.dls) as dl
+              from unnest($4::text[], $7::float8[]) as t(term, wk)
+              join agentdb.posting_blocks b on b.source_id = $9 and b.term = t.term
+              union all
+              select p.chunk_id, t.wk, p.tf, p.dl
+              from unnest($4::text[], $7::float8[]) as t(term, wk)
+              join agentdb.postings p on p.source_id = $9 and p.term = t.term) x
+        group by x.chunk_id $q$
+    else $q$
         select p.chunk_id, sum(t.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
         from unnest($4::text[], $7::float8[]) as t(term, wk)
         join agentdb_internal.term_postings($9, $4) p on p.term = t.term
-        group by p.chunk_id $q$;
+        group by p.chunk_id $q$ end;
     -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are fewer
     -- than a share of its postings, else by a hash join with all of them. In the row layout the lookup is one
     -- index scan with the held chunk ids as an array condition, and the share is a half (measured on a million
@@ -149,9 +161,12 @@ declare
              best as materialized (select s.chunk_id, s.known from g s %s order by s.known desc limit $3 + %s),
              exact as (select best.known + coalesce((select sum(%s) from unnest($15::text[], $16::float8[], $13::bigint[])
                                                      as t(term, wk, span)), 0) as known
-                       from best)
+                       from best),
+             -- materialized: as a subquery theta was computed once for each of its three uses below, and with it
+             -- every lookup of `exact` (1M chunks: 3.5 ms each time)
+             t(theta) as materialized (%s)
         select t.theta, h.ids, h.known
-        from (%s) t(theta)
+        from t
         left join lateral (select coalesce(array_agg(g.chunk_id), '{}') as ids, coalesce(array_agg(g.known), '{}') as known
                            from g where g.known + $12 >= t.theta) h on $12 < t.theta or $12 = 0 $q$,
         scores, filter_sql, prime_chunks,
