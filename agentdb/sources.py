@@ -269,21 +269,17 @@ def create_document_source(
                 " unique (doc_id, chunk))"
             ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
         )
-        _store_vectors_inline(conn, source)
+        _store_rows_inline(conn, source)
         _create_indexes(conn, source, metadata=True)
         _install_triggers(conn, source)
         assert source.id == source_id
     return source
 
 
-def _store_vectors_inline(conn: psycopg.Connection[Any], source: Source) -> None:
-    """Keep each row's vector in the row itself (storage main) instead of pgvector's default (external, out of
-    line once a row passes about 2 kB): the dense leg reads the vector of every row it returns to compute its
-    distance, and a TOAST read costs about as much again as the HNSW step that found the row (SciFact, 400
-    candidates: 6.4 ms out of line, 4.6 ms inline). The text still moves out of line first when a row is long."""
-    conn.execute(
-        sql.SQL("alter table {} alter column agentdb_embedding set storage main").format(source.table)
-    )
+def _store_rows_inline(conn: psycopg.Connection[Any], source: Source) -> None:
+    """Keep the vector and an ordinary chunk's text in the row, where the read path reads them
+    (agentdb_internal.store_rows_inline says why and how)."""
+    conn.execute("select agentdb_internal.store_rows_inline(%s)", (source.id,))
 
 
 def _create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:
@@ -434,7 +430,7 @@ def register_table(
                 " for each row execute function agentdb.clear_stale_embedding()"
             ).format(cols=sql.SQL(", ").join(sql.Identifier(c) for c in text_columns), table=source.table)
         )
-        _store_vectors_inline(conn, source)
+        _store_rows_inline(conn, source)
         _create_indexes(conn, source, metadata=False)
         # The embedding queue: rows without a vector (new, or whose text changed), found by this index.
         conn.execute(
@@ -546,7 +542,7 @@ def optimize_source(
     of its live data instead of growing by the whole rewritten index. Every range is a complete merge of its
     terms, so the index equals the documents at every commit. On a connection inside a transaction (where
     VACUUM cannot run) the merge is one statement, as with `slices=1`."""
-    from agentdb.db import run_sql
+    from agentdb.db import can_vacuum, run_sql
 
     if layout is not None:
         with conn.transaction():
@@ -560,7 +556,7 @@ def optimize_source(
     blocks_source = row[0] if row else None
     if blocks_source is not None:
         conn.execute("analyze agentdb.posting_blocks")
-    vacuum = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    vacuum = can_vacuum(conn)
     bounds: list[str] = []
     if vacuum and slices > 1 and blocks_source is not None:
         (bounds,) = conn.execute(

@@ -158,8 +158,8 @@ begin
             last_accessed_at timestamptz not null default now(),
             superseded_at timestamptz
         ) $q$, rec, embedding_dim, ts_config);
-    -- Vectors kept in the row (as agentdb.sources._store_vectors_inline does for documents): recall reads each.
-    execute format('alter table %s alter column agentdb_embedding set storage main', rec);
+    -- Vectors and ordinary texts kept in the row, as for documents: recall reads both.
+    perform agentdb_internal.store_rows_inline(src_id);
     execute format('create index %I on %s using hnsw (agentdb_embedding vector_cosine_ops)', format('s%s_records_hnsw', sid), rec);
     execute format('create index %I on %s using gin (metadata jsonb_path_ops)', format('s%s_records_meta', sid), rec);
     -- The query-independent candidates of recall: the most recently used and the most important current records.

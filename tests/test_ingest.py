@@ -514,6 +514,54 @@ def test_user_vectors_are_stored_as_given(
     assert_lexical_ok(conn, "docs")
 
 
+def test_a_bulk_ingestion_leaves_its_tables_vacuumed_and_analyzed(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
+) -> None:
+    """At ANALYZE_AFTER_CHUNKS chunks or more, ingestion vacuums what it wrote (the visibility map set, so the
+    postings are read by index-only scans without heap fetches) and analyzes it; autovacuum, turned off on the
+    source table here, has no part in it. Inside a transaction block the same step only analyzes."""
+    from agentdb.ingest.pipeline import ANALYZE_AFTER_CHUNKS, analyze_source
+
+    rng = np.random.default_rng(3)
+
+    def records(n: int, start: int) -> list[dict[str, Any]]:
+        return [
+            {"_id": f"d{i}", "text": f"alpha beta w{i}", "embedding": rng.normal(size=384).tolist()}
+            for i in range(start, start + n)
+        ]
+
+    ingest(
+        conn,
+        "bulk",
+        read_records(write_jsonl(tmp_path / "one.jsonl", records(1, 0))),
+        embedder,
+        progress=False,
+    )
+    conn.execute("alter table agentdb_docs.bulk set (autovacuum_enabled = false)")
+    path = write_jsonl(tmp_path / "many.jsonl", records(ANALYZE_AFTER_CHUNKS, 1))
+    ingest(conn, "bulk", read_records(path), embedder, progress=False)
+    # (The file may end in pages extended for COPY and never used; a VACUUM that does not truncate keeps them.)
+    used, visible = conn.execute(
+        "select count(distinct (ctid::text::point)[0]),"
+        " (select relallvisible from pg_class where oid = 'agentdb_docs.bulk'::regclass) from agentdb_docs.bulk"
+    ).fetchone()
+    assert used > 10 and visible == used
+    plan = "\n".join(
+        line
+        for (line,) in conn.execute(
+            "explain (analyze, costs off) select count(*) from agentdb.postings p"
+            " where p.source_id = (select id from agentdb.sources where name = 'bulk') and p.term = 'alpha'"
+        )
+    )
+    assert "Index Only Scan" in plan and re.search(r"Heap Fetches: 0\b", plan), plan
+    assert conn.execute(
+        "select last_analyze is not null from pg_stat_user_tables where relid = 'agentdb_docs.bulk'::regclass"
+    ).fetchone() == (True,)
+    with conn.transaction():
+        analyze_source(conn, get_source(conn, "bulk"))
+    assert_lexical_ok(conn, "bulk")
+
+
 def test_other_model_source_refuses_model_embedding(
     conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
 ) -> None:

@@ -380,6 +380,15 @@ def test_merge_keeps_one_hit_per_document_and_table() -> None:
     assert [h.score for h in fused] == pytest.approx([b, a_t, a_u])
 
 
+def test_a_hit_read_from_its_row_is_the_same_hit() -> None:
+    """Hit.from_row passes the JSON's fields by position: each lands in its own field (distinct values)."""
+    hit = Hit("d1", 2, 3, 0.75, 0.2, 1.5, 4, 5, "Title", "Body", {"year": 2020}, table="docs")
+    assert Hit.from_row(hit.row(), table="docs") == hit
+    assert Hit.from_row({**hit.row(), "chunks": (1, 2), "hit_chunks": (2,)}, table="docs") == Hit(
+        "d1", 2, 3, 0.75, 0.2, 1.5, 4, 5, "Title", "Body", {"year": 2020}, "docs", [1, 2], [2]
+    )
+
+
 def test_the_one_place_hits_become_json() -> None:
     hit = Hit(
         "d1", 2, 1, 0.75, 0.2, 1.5, 1, 3, "Title", "Body", {"year": 2020}, table="docs", chunks=[1, 2, 3]

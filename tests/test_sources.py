@@ -545,11 +545,12 @@ def test_drop_source_gives_the_table_back(
     assert_lexical_ok(conn, "articles")
 
 
-def test_every_kind_of_source_keeps_its_vectors_in_the_row(
+def test_every_kind_of_source_keeps_its_vectors_and_ordinary_texts_in_the_row(
     conn: psycopg.Connection[Any], embedder: Any, registered: Any
 ) -> None:
     """Documents, registered tables and memory stores store each vector in its row (storage main), even where a
-    long text goes out of line, and migration 0018 moves the sources made before it to that storage."""
+    long text goes out of line, and an ordinary chunk's text beside it (toast_tuple_target: the vector plus
+    1.5 kB); migrations 0018 and 0020 set both on the sources made before them."""
     from agentdb.db.migrate import migrate
     from agentdb.memory.store import create_store
     from agentdb.sources import create_document_source
@@ -582,11 +583,36 @@ def test_every_kind_of_source_keeps_its_vectors_in_the_row(
         ).format(docs.table)
     ).fetchone() == (True, None)
 
-    # Sources from before the migration: their column is set when it runs.
+    # An ordinary chunk (about 1 kB of text, which the default 2 kB target would send out of line beside a
+    # 1.5 kB vector): its text and vector stay in the row; its larger tsvector, which no query reads, goes out.
+    chunk_text = " ".join(f"w{int(n)}" for n in rng.integers(0, 10**9, 90))
+    assert 900 < len(chunk_text) < 1100
+    conn.execute(
+        sql.SQL("insert into {} (doc_id, chunk, text, agentdb_embedding) values ('plain', 0, %s, %s)").format(
+            docs.table
+        ),
+        (chunk_text, embedder.embed(["an ordinary chunk"])[0]),
+    )
+    assert conn.execute(
+        sql.SQL(
+            "select pg_column_toast_chunk_id(text), pg_column_toast_chunk_id(agentdb_embedding),"
+            " pg_column_toast_chunk_id(agentdb_tsv) is not null from {} where doc_id = 'plain'"
+        ).format(docs.table)
+    ).fetchone() == (None, None, True)
+    target_sql = (
+        "select s.name, c.reloptions from agentdb.sources s"
+        " join pg_class c on c.oid = format('%I.%I', s.table_schema, s.table_name)::regclass order by s.name"
+    )
+    targets = conn.execute(target_sql).fetchall()
+    assert [options for _, options in targets] == [[f"toast_tuple_target={4 * embedder.dim + 8 + 1536}"]] * 3
+
+    # Sources from before the migrations: their column and table are set when they run.
     conn.execute("alter table articles alter column agentdb_embedding set storage external")
-    conn.execute("delete from agentdb.schema_migrations where version = 18")
-    assert migrate(conn) == [18]
+    conn.execute("alter table articles reset (toast_tuple_target)")
+    conn.execute("delete from agentdb.schema_migrations where version in (18, 20)")
+    assert migrate(conn) == [18, 20]
     assert conn.execute(storage_sql).fetchall() == tables
+    assert conn.execute(target_sql).fetchall() == targets
 
 
 # Typed fields --------------------------------------------------------------------------------------------------

@@ -32,3 +32,8 @@ def run_sql(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -
         if mapped is None:
             raise
         raise mapped from None
+
+
+def can_vacuum(conn: psycopg.Connection[Any]) -> bool:
+    """Whether VACUUM may run on `conn` now: it cannot run inside a transaction block."""
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
+from agentdb.db import can_vacuum
 from agentdb.embed import Embedder, check_model, check_vector
 from agentdb.errors import (
     AgentDBError,
@@ -261,13 +262,19 @@ def copy_chunks(cur: psycopg.Cursor[Any], source: Source, rows: Iterable[tuple[A
 
 def analyze_source(conn: psycopg.Connection[Any], source: Source) -> None:
     """After a bulk write: a block source's partly filled posting blocks merged (each write statement added
-    its own), then fresh statistics right away (not at autovacuum's leisure), so the planner picks index scans."""
+    its own), then the written tables vacuumed and analyzed right away, not at autovacuum's leisure (which, for
+    a large postings table, waits until a fifth of it is new): fresh statistics, so the planner picks index
+    scans, and the visibility map set, so the lexical leg's index-only scans of the postings skip the heap
+    (SciFact right after ingestion: hybrid top 10 in 6.9 ms p50 before the VACUUM, 5.0 ms after). A plain
+    VACUUM blocks neither readers nor writers; inside a transaction block, where it cannot run, statistics
+    only."""
     if source.lexical_layout == "blocks":
         optimize_source(conn, source.name)
-    conn.execute(sql.SQL("analyze {}").format(source.table))
-    conn.execute("analyze agentdb.postings")
-    conn.execute("analyze agentdb.posting_blocks")
-    conn.execute("analyze agentdb.term_stats")
+    tables = sql.SQL(", ").join(
+        [source.table, *map(sql.SQL, ("agentdb.postings", "agentdb.posting_blocks", "agentdb.term_stats"))]
+    )
+    command = "vacuum (analyze, truncate false) {}" if can_vacuum(conn) else "analyze {}"
+    conn.execute(sql.SQL(command).format(tables))
 
 
 def write_documents(
