@@ -95,24 +95,34 @@ begin
 end;
 $$;
 
--- The postings of the named `terms` of source `source_id`, whichever its layout: (term, chunk_id, tf, dl).
--- Inlined into the caller's statement (a plain SQL function), so the caller's row security applies to the
--- row postings. A principal's role sees no block (migrations/0013_block_postings.sql) and reads its block
--- postings through agentdb_internal.principal_block_postings instead. Each of the two block branches is gated
--- by the current user's name, a one-time filter, so the other never runs (the application never calls the
--- SECURITY DEFINER function). A block's arrays are unnested in the select list, in lockstep (equal lengths):
--- measured 2.3x faster than unnest(a, b, c) in FROM, which materialises each block's rows first.
-create or replace function agentdb_internal.term_postings(source_id int, terms text[])
-returns table (term text, chunk_id bigint, tf int, dl int)
+-- The postings of the named `terms` of source `source_id`, whichever its layout, each with its term's weight
+-- from `weights` (in the order of `terms`; the BM25 callers pass each term's idf x (k1 + 1)): (term, chunk_id,
+-- wk, tf, dl). Every reader of postings by term goes through it: the lexical leg's sums (agentdb.retrieve,
+-- agentdb_internal.bm25_maxscore) and agentdb.score_keys. Each term is joined to its weight once, and each
+-- block's postings take the weight of the block's term, not a join a posting at a time (1M chunks: the sums
+-- 20% sooner). Inlined into the caller's statement (a plain SQL function), so the caller's row security
+-- applies to the row postings. A principal's role sees no block (migrations/0013_block_postings.sql) and
+-- reads its block postings through agentdb_internal.principal_block_postings instead. Each of the two block
+-- branches is gated by the current user's name, a one-time filter, so the other never runs (the application
+-- never calls the SECURITY DEFINER function). A block's arrays are unnested in the select list, in lockstep
+-- (equal lengths): measured 2.3x faster than unnest(a, b, c) in FROM, which materialises each block's rows
+-- first.
+create or replace function agentdb_internal.term_postings(source_id int, terms text[], weights float8[])
+returns table (term text, chunk_id bigint, wk float8, tf int, dl int)
 language sql stable as $$
-select p.term, p.chunk_id, p.tf, p.dl from agentdb.postings p where p.source_id = $1 and p.term = any ($2)
+select t.term, p.chunk_id, t.wk, p.tf, p.dl
+from unnest($2, $3) as t(term, wk)
+join agentdb.postings p on p.source_id = $1 and p.term = t.term
 union all
-select u.term, u.first_chunk + u.off, u.tf::int, u.dl
-from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
-      from agentdb.posting_blocks b
-      where b.source_id = $1 and b.term = any ($2) and left(current_user, 10) <> 'agentdb_p_') u
+select u.term, u.first_chunk + u.off, u.wk, u.tf::int, u.dl
+from (select t.term, b.first_chunk, t.wk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+      from unnest($2, $3) as t(term, wk)
+      join agentdb.posting_blocks b on b.source_id = $1 and b.term = t.term
+      where left(current_user, 10) <> 'agentdb_p_') u
 union all
-select x.term, x.chunk_id, x.tf, x.dl from agentdb_internal.principal_block_postings($1, $2) x
+select t.term, x.chunk_id, t.wk, x.tf, x.dl
+from unnest($2, $3) as t(term, wk)
+join agentdb_internal.principal_block_postings($1, $2) x on x.term = t.term
 where left(current_user, 10) = 'agentdb_p_'
 $$;
 

@@ -11,7 +11,8 @@ declare
 begin
     for f in select p.oid::regprocedure from pg_proc p
              where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
-               and p.proname in ('retrieve', 'search', 'similar', 'bm25_maxscore', 'source_row_sql', 'store_rows_inline')
+               and p.proname in ('retrieve', 'search', 'similar', 'bm25_maxscore', 'source_row_sql', 'store_rows_inline',
+                                 'query_terms')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -109,24 +110,11 @@ declare
     known float8[] := '{}';
     theta float8 := 0;
     seen bigint := 0;
-    -- The chunks holding any of the terms $4 (weights $7) with their scores over those terms. Blocks read
-    -- directly are joined to their term's weight a block at a time, not a posting at a time (1M chunks: the
-    -- sums 20% sooner); the rows not merged into blocks yet are read beside them.
-    scores constant text := case when blocks and not blocks_hidden then $q$
-        select x.chunk_id, sum(x.wk * x.tf / (x.tf + $8 + $10 * x.dl)) as known
-        from (select b.first_chunk + unnest(b.offs) as chunk_id, t.wk, unnest(b.tfs) as tf, unnest(b.dls) as dl
-              from unnest($4::text[], $7::float8[]) as t(term, wk)
-              join agentdb.posting_blocks b on b.source_id = $9 and b.term = t.term
-              union all
-              select p.chunk_id, t.wk, p.tf, p.dl
-              from unnest($4::text[], $7::float8[]) as t(term, wk)
-              join agentdb.postings p on p.source_id = $9 and p.term = t.term) x
-        group by x.chunk_id $q$
-    else $q$
-        select p.chunk_id, sum(t.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
-        from unnest($4::text[], $7::float8[]) as t(term, wk)
-        join agentdb_internal.term_postings($9, $4) p on p.term = t.term
-        group by p.chunk_id $q$ end;
+    -- The chunks holding any of the terms $4 (weights $7) with their scores over those terms.
+    scores constant text := $q$
+        select p.chunk_id, sum(p.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
+        from agentdb_internal.term_postings($9, $4, $7) p
+        group by p.chunk_id $q$;
     -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are fewer
     -- than a share of its postings, else by a hash join with all of them. In the row layout the lookup is one
     -- index scan with the held chunk ids as an array condition, and the share is a half (measured on a million
@@ -138,9 +126,9 @@ declare
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
         from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
         left join (select p.chunk_id, $7[1] * p.tf / (p.tf + $8 + $10 * p.dl) as c
-                   from agentdb_internal.term_postings($9, $4) p) x on x.chunk_id = h.chunk_id
+                   from agentdb_internal.term_postings($9, $4, $7) p) x on x.chunk_id = h.chunk_id
         where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
-    add_term_lookup constant text := replace(add_term_join, 'from agentdb_internal.term_postings($9, $4) p)',
+    add_term_lookup constant text := replace(add_term_join, 'from agentdb_internal.term_postings($9, $4, $7) p)',
         'from agentdb.postings p where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1))');
     -- The contribution to chunk %1$s of term %2$s (weight %3$s, max_span %4$s), or null, read in the row or the
     -- block layout. In the block layout the blocks that may hold the chunk (first chunk within the term's
@@ -287,6 +275,31 @@ begin
 end;
 $$;
 
+-- The query terms that source `source_id` holds, as the caller may see them (a principal's role reads no
+-- term_stats row itself, but its own through agentdb.principal_term_stats), with each term's BM25 weight,
+-- idf x (k1 + 1), over `n_chunks` chunks, and their postings in all: what the summed lexical leg of
+-- agentdb.retrieve and agentdb.score_keys pass to agentdb_internal.term_postings.
+create or replace function agentdb_internal.query_terms(
+    source_id int, terms text[], n_chunks float8, k1 float8,
+    out held text[], out weights float8[], out postings bigint
+)
+language plpgsql stable as $$
+declare
+    dfs bigint[];
+begin
+    if agentdb.current_principal() is not null then
+        select array_agg(ts.term), array_agg(ts.df) into held, dfs
+        from agentdb.principal_term_stats(query_terms.source_id, terms) ts;
+    else
+        select array_agg(ts.term), array_agg(ts.df) into held, dfs
+        from agentdb.term_stats ts where ts.source_id = query_terms.source_id and ts.term = any(terms);
+    end if;
+    weights := array(select ln(1 + (n_chunks - d.df + 0.5) / (d.df + 0.5)) * (k1 + 1)
+                     from unnest(dfs) with ordinality d(df, n) order by d.n);
+    postings := coalesce((select sum(d) from unnest(dfs) d), 0);
+end;
+$$;
+
 -- Search one source. Returns {"route", "hits": [...], "diagnostics": {...}}.
 --   mode: 'dense' | 'lexical' | 'hybrid'; dense and hybrid need query_embedding (made with the source's model).
 --   threshold: maximum cosine distance on the dense leg only (0 = no limit); in hybrid it gates dense
@@ -375,11 +388,10 @@ declare
     -- setting agentdb.lexical_seed_postings, else 1% of the chunks and at least 20000. It changes speed only.
     seed_budget bigint;
     setting text;
-    query_postings bigint;
+    qt record;          -- the query terms the source holds, their weights and postings
     principal boolean;
     rel text;           -- the relation read for the current role (agentdb.source_relation)
     open_rows boolean;  -- no filter, no row filter, and no row-level security in force for the current role
-    stats_rel text;     -- and the term statistics
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
@@ -435,7 +447,6 @@ begin
 
     principal := agentdb.current_principal() is not null;
     rel := agentdb.source_relation(src);
-    stats_rel := case when principal then 'agentdb.principal_term_stats($9, $2)' else 'agentdb.term_stats' end;
     select * into r from agentdb_internal.source_row_sql(src);
     select * into sc from agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
                                                   array['$5', '$6', '$17', '$18']);
@@ -520,27 +531,18 @@ begin
                    then ''
                    else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                rel, pred, row_pred) end;
-    if principal then
-        select coalesce(sum(ts.df), 0) into query_postings from agentdb.principal_term_stats(src.id, terms) ts;
-    else
-        select coalesce(sum(ts.df), 0) into query_postings
-        from agentdb.term_stats ts where ts.source_id = src.id and ts.term = any(terms);
-    end if;
-    if not use_sparse or query_postings = 0 then
+    select * into qt from agentdb_internal.query_terms(src.id, terms, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
+    if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
-    elsif query_postings <= seed_budget then
-        -- q is materialized so that each term's weight is computed once, not once per posting.
+    elsif qt.postings <= seed_budget then
         sparse_sql := format($q$
-            with q as materialized (
-                select ts.term, ln(1 + ($10 - ts.df + 0.5) / (ts.df + 0.5)) * ($12 + 1) as wk
-                from %s ts where ts.source_id = $9 and ts.term = any($2))
             select s.chunk_id as cid, s.known::float8 as bm25
-            from (select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
-                  from q join agentdb_internal.term_postings($9, $2) p on p.term = q.term
+            from (select p.chunk_id, sum(p.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
+                  from agentdb_internal.term_postings($9, $21, $22) p
                   group by p.chunk_id) s
             %s
             order by bm25 desc, cid
-            limit $3 $q$, stats_rel, filter_join);
+            limit $3 $q$, filter_join);
     else
         sparse_sql := format(
             'select m.cid, m.bm25 from agentdb_internal.bm25_maxscore($9, $2, $3, $10, $11, $12, $13, $19, %L,'
@@ -614,7 +616,7 @@ begin
     execute stmt into result using
         query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
         coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
-        fq_params, ex_params, seed_budget, alpha;
+        fq_params, ex_params, seed_budget, alpha, qt.held, qt.weights;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int

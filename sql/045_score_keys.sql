@@ -40,6 +40,7 @@ declare
     r record;
     s record;
     terms text[];
+    qt record;
     stats agentdb.corpus_stats;
     avgdl float8;
 begin
@@ -62,25 +63,21 @@ begin
     select * into r from agentdb_internal.source_row_sql(src);
     s := agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
                                           array['$4', '$5', '$6', '$7']);
+    select * into qt from agentdb_internal.query_terms(src.id, terms, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
     return query execute format($q$
         with c as materialized (
             select %1$s as doc_id, c.agentdb_chunk_id as cid, c.agentdb_embedding as emb
             from %2$s c where %1$s = any($1) and (%3$s) and (%4$s)),
-        q as materialized (
-            select ts.term, ln(1 + ($9 - ts.df + 0.5) / (ts.df + 0.5)) * ($10 + 1) as wk
-            from %5$s ts where ts.source_id = $8 and ts.term = any($3)),
         lex as (
-            select p.chunk_id, sum(q.wk * p.tf / (p.tf + ($10 * (1 - $11)) + ($10 * $11 / $12) * p.dl)) as bm25
-            from q join agentdb_internal.term_postings($8, $3) p on p.term = q.term
+            select p.chunk_id, sum(p.wk * p.tf / (p.tf + ($10 * (1 - $11)) + ($10 * $11 / $12) * p.dl)) as bm25
+            from agentdb_internal.term_postings($8, $3, $9) p
             where p.chunk_id in (select cid from c)
             group by p.chunk_id)
         select c.doc_id, max(1 - (c.emb <=> $2))::float8, coalesce(max(l.bm25), 0)::float8
         from c left join lex l on l.chunk_id = c.cid
         group by c.doc_id $q$,
-        r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred,
-        case when agentdb.current_principal() is not null then 'agentdb.principal_term_stats($8, $3)'
-             else 'agentdb.term_stats' end)
-        using keys, query_embedding, terms, s.filter_params, s.row_params, s.fq_params, s.ex_params,
-              src.id, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1, src.bm25_b, avgdl;
+        r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred)
+        using keys, query_embedding, qt.held, s.filter_params, s.row_params, s.fq_params, s.ex_params,
+              src.id, qt.weights, src.bm25_k1, src.bm25_b, avgdl;
 end;
 $$;

@@ -513,6 +513,7 @@ def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
         allowed = {d for d, meta in metadata.items() if matches(FIELD_DICTS, row_filter, d, meta)}
         assert 0 < len(allowed) < len(metadata)
         terms = [*_block_terms(conn), "nowhere"]
+        weights = [float(i) for i in range(len(terms))]
         visible = _block_postings_of(conn, "blk", allowed)
         every = _block_postings_of(conn, "blk", set(metadata))
         assert visible < every
@@ -533,9 +534,14 @@ def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
             )
             through = set(
                 scoped.execute(
-                    "select * from agentdb_internal.term_postings(%s, %s)", (blk, terms)
+                    "select term, chunk_id, tf, dl from agentdb_internal.term_postings(%s, %s, %s)",
+                    (blk, terms, weights),
                 ).fetchall()
             )
+            weighted_as_role = scoped.execute(
+                "select distinct term, wk from agentdb_internal.term_postings(%s, %s, %s)",
+                (blk, terms, weights),
+            ).fetchall()
             assert not scoped.execute(
                 "select * from agentdb_internal.principal_block_postings(%s, %s)", (rws, terms)
             ).fetchall()
@@ -543,6 +549,12 @@ def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
                 with pytest.raises(psycopg.errors.InsufficientPrivilege), scoped.transaction():
                     scoped.execute(statement)
         assert direct == visible and through == visible
+        # Each posting carries its own term's weight, read from the blocks (the owner) or through the function.
+        weighted = conn.execute(
+            "select distinct term, wk from agentdb_internal.term_postings(%s, %s, %s)", (blk, terms, weights)
+        ).fetchall()
+        for pairs in (weighted, weighted_as_role):
+            assert len(pairs) > 3 and all(wk == weights[terms.index(term)] for term, wk in pairs)
         with principal_scope(conn, everyone) as scoped:
             assert (
                 set(
@@ -558,7 +570,7 @@ def test_the_role_reads_no_block_posting_of_a_hidden_chunk(
                     "select * from agentdb_internal.principal_block_postings(%s, %s)", (source_id, terms)
                 ).fetchall()
             assert not scoped.execute(
-                "select * from agentdb_internal.term_postings(%s, %s)", (blk, terms)
+                "select * from agentdb_internal.term_postings(%s, %s, %s)", (blk, terms, weights)
             ).fetchall()
         # The application, and any other role, gets nothing from the function.
         assert not conn.execute(
@@ -583,8 +595,9 @@ def test_the_owner_never_runs_the_principals_block_reader(
         )
         return here + [n for child in plan.get("Plans", []) for n in loops(child, relation)]
 
-    statement = "explain (analyze, format json) select * from agentdb_internal.term_postings(%s, %s)"
-    params = (get_source(conn, "blk").id, _block_terms(conn))
+    statement = "explain (analyze, format json) select * from agentdb_internal.term_postings(%s, %s, %s)"
+    terms = _block_terms(conn)
+    params = (get_source(conn, "blk").id, terms, [1.0] * len(terms))
     row = conn.execute(statement, params).fetchone()
     assert row is not None
     assert loops(row[0][0]["Plan"], "principal_block_postings") == [0]
