@@ -4,7 +4,8 @@ same data in the same run.
 
     .venv/bin/python bench/scifact.py
 
-Prints one table (nDCG@10, Recall@100, p50/p95 latency per query at top_k 100 and at top_k 10) and writes
+Prints one table (nDCG@10, Recall@100, p50/p95 latency per query at top_k 100 and at top_k 10), the deep-page
+ratio of agentdb hybrid from @10 and @100 calls timed back to back, and writes
 bench/results/scifact.json, then the nDCG@10 of convex fusion at a few values of alpha (quality only). The first run ingests SciFact into bench/.cache/scifact (about 5 minutes, the
 embedding dominates); later runs reuse it. A benchmark, not a test: nothing here fails for being slow.
 """
@@ -173,6 +174,30 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
     return value
+
+
+def paired_depths(
+    search: Callable[[int, int], Hits], n: int, repeat: int, progress: bool
+) -> tuple[list[float], list[float]]:
+    """Each query at top 10 and at top 100 back to back, which one first alternating by query and by pass; per
+    query the best of `repeat` passes (ms). The deep-page ratio from these pairs: the table's @100 and @10 blocks
+    run a minute or more apart, and the drift of a shared machine between them moved their ratio from 1.84x to
+    2.39x for the same code within one session."""
+    from tqdm import tqdm
+
+    best: dict[int, list[float]] = {SERVE_K: [float("inf")] * n, DEPTH: [float("inf")] * n}
+    bar = tqdm(
+        total=repeat * n, desc="hybrid @10 and @100 paired", unit="q", disable=not progress, leave=False
+    )
+    for r in range(repeat):
+        for i in range(n):
+            for k in (SERVE_K, DEPTH) if (i + r) % 2 == 0 else (DEPTH, SERVE_K):
+                started = time.perf_counter()
+                search(i, k)
+                best[k][i] = min(best[k][i], (time.perf_counter() - started) * 1000)
+            bar.update()
+    bar.close()
+    return best[SERVE_K], best[DEPTH]
 
 
 def main() -> int:
@@ -362,6 +387,8 @@ def main() -> int:
         repeat=args.repeat,
         progress=progress,
     )
+    hybrid_search = next(search for name, _, search in systems if name == "agentdb hybrid")
+    paired_serve, paired_depth = paired_depths(hybrid_search, n, args.repeat, progress)
     results: list[dict[str, Any]] = []
     for name, note, _ in systems:
         run = {q: dict(h) for q, h in zip(qids, hits[name], strict=True)}
@@ -425,7 +452,9 @@ def main() -> int:
         "lexical_p50_ms_top10": {"target": TARGET_LEXICAL_P50_MS, "measured": lexical["p50_ms_top10"]},
         "hybrid_p50_top100_over_top10": {
             "target": TARGET_DEEP_PAGE_RATIO,
-            "measured": hybrid["p50_ms_top100"] / hybrid["p50_ms_top10"],
+            "measured": percentile(paired_depth, 50) / percentile(paired_serve, 50),
+            "paired_p50_ms": {"top10": percentile(paired_serve, 50), "top100": percentile(paired_depth, 50)},
+            "from_the_table": hybrid["p50_ms_top100"] / hybrid["p50_ms_top10"],
         },
     }
     elapsed = time.perf_counter() - wall
@@ -485,6 +514,11 @@ def main() -> int:
         verdict = "met" if t["measured"] <= t["target"] else "MISSED"
         unit = "x" if key.endswith("_over_top10") else " ms"
         print(f"target {key} <= {t['target']:.0f}{unit}: {t['measured']:.2f}{unit}, {verdict}")
+    deep = targets["hybrid_p50_top100_over_top10"]
+    print(
+        f"  (hybrid @10 and @100 timed back to back per query: p50 {deep['paired_p50_ms']['top10']:.2f} and "
+        f"{deep['paired_p50_ms']['top100']:.2f} ms; the table's blocks, minutes apart: {deep['from_the_table']:.2f}x)"
+    )
     print(f"bm25s indexing {bm25_index_s:.1f}s; whole run {elapsed:.0f}s")
 
     if not args.no_json:
