@@ -36,7 +36,8 @@ begin
                and p.prorettype <> 'trigger'::regtype
                and p.proname in ('lexical_add_sql', 'lexical_delta_sql', 'lexical_apply', 'lexical_remove_sql',
                                  'lexical_rebuild', 'lexical_check', 'lexical_optimize', 'lexical_set_layout',
-                                 'term_postings', 'block_sql', 'lexical_slice_bounds', 'principal_block_postings')
+                                 'term_postings', 'block_sql', 'lexical_slice_bounds', 'principal_block_postings',
+                                 'lexical_layout_for_write')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -225,14 +226,24 @@ on conflict (source_id, term) do update
         min_dl = least(s.min_dl, excluded.min_dl), max_span = greatest(s.max_span, excluded.max_span);
 $$;
 
+-- The lexical layout of source `source_id` for a write's triggers, read under a KEY SHARE lock on its
+-- agentdb.sources row, held to commit: agentdb.lexical_set_layout (FOR UPDATE, then a rebuild from the rows
+-- it sees) waits for the writers that read the old layout, and a writer that comes during a change waits for
+-- it and reads the new one. Writers do not wait for each other (KEY SHARE locks do not conflict), nor for an
+-- update of the source's other columns. (Read without the lock, a write during a change added its postings
+-- in the old layout, which a block source's lookups do not read.)
+create or replace function agentdb_internal.lexical_layout_for_write(source_id int) returns text
+language sql volatile as $$
+select s.lexical_layout from agentdb.sources s where s.id = $1 for key share
+$$;
+
 create or replace function agentdb.lexical_after_insert() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     delta agentdb_internal.lexical_delta;
 begin
-    execute agentdb.lexical_add_sql('new_rows', (select s.lexical_layout from agentdb.sources s
-                                                 where s.id = TG_ARGV[0]::int))
+    execute agentdb.lexical_add_sql('new_rows', agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int))
         into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'insert') loop
@@ -297,8 +308,8 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql('old_rows', (select s.lexical_layout from agentdb.sources s
-                                                                   where s.id = TG_ARGV[0]::int)) loop
+    foreach stmt in array agentdb.lexical_remove_sql('old_rows',
+                                                     agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int)) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'delete') loop
@@ -314,7 +325,7 @@ create or replace function agentdb.lexical_after_update() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
-    layout text := (select s.lexical_layout from agentdb.sources s where s.id = TG_ARGV[0]::int);
+    layout text := agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int);
     delta agentdb_internal.lexical_delta;
 begin
     foreach stmt in array agentdb.lexical_remove_sql(

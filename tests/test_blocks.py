@@ -289,6 +289,52 @@ def test_layouts_convert_both_ways(conn: psycopg.Connection[Any], twins: random.
     assert raised.value.code == 3010 and raised.value.path == "source"
 
 
+def test_a_write_during_a_layout_change_lands_in_the_new_layout(
+    conn: psycopg.Connection[Any], twins: random.Random, db_url: str
+) -> None:
+    """A write whose statement starts while agentdb optimize --layout moves the source to blocks waits for the
+    move and adds its postings as blocks (it read the layout under a lock the move holds): afterwards no posting
+    of the source is left in the row table, the index matches the rows, and the new chunk is found."""
+    rws = get_source(conn, "rws").id
+    mover = psycopg.connect(db_url, autocommit=True)
+    writer = psycopg.connect(db_url, autocommit=True)
+    configure(mover)
+    configure(writer)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            _copy(writer, _rows(twins, 5, words=["latecomer"], weights=[1.0]), names=("rws",))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    try:
+        with mover.transaction():
+            mover.execute("select agentdb.lexical_set_layout('rws', 'blocks')")
+            thread = threading.Thread(target=write)
+            thread.start()
+            waited = 0.0
+            while waited < 20 and not conn.execute(
+                "select count(*) from pg_stat_activity where pid = %s and wait_event_type = 'Lock'",
+                (writer.info.backend_pid,),
+            ).fetchone() == (1,):
+                threading.Event().wait(0.05)
+                waited += 0.05
+            assert waited < 20, "the write did not wait for the layout change"
+        thread.join(30)
+        assert not thread.is_alive() and not errors, errors
+    finally:
+        mover.close()
+        writer.close()
+    assert get_source(conn, "rws").lexical_layout == "blocks"
+    assert conn.execute("select count(*) from agentdb.postings where source_id = %s", (rws,)).fetchone() == (
+        0,
+    )
+    assert lexical_check(conn, "rws") == dict.fromkeys(CHECKS, 0)
+    hits = _hits(retrieve(conn, "rws", "latecomer", mode="lexical", top_k=10))
+    assert len(hits) == 5
+
+
 def test_concurrent_writers_readers_and_a_merge_stay_exact(
     conn: psycopg.Connection[Any], twins: random.Random, db_url: str
 ) -> None:
