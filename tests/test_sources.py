@@ -567,38 +567,35 @@ def test_every_kind_of_source_keeps_its_vectors_and_ordinary_texts_in_the_row(
     tables = conn.execute(storage_sql).fetchall()
     assert [kind for _, kind in tables] == ["m", "m", "m"] and len({n for n, _ in tables}) == 3
 
+    def out_of_line(doc_id: str, text: str) -> tuple[bool, bool, bool]:
+        """Insert a chunk of `text`; whether its text, vector and tsvector went out of line."""
+        conn.execute(
+            sql.SQL("insert into {} (doc_id, chunk, text, agentdb_embedding) values (%s, 0, %s, %s)").format(
+                docs.table
+            ),
+            (doc_id, text, embedder.embed([text])[0]),
+        )
+        row = conn.execute(
+            sql.SQL(
+                "select pg_column_toast_chunk_id(text) is not null, pg_column_toast_chunk_id(agentdb_embedding)"
+                " is not null, pg_column_toast_chunk_id(agentdb_tsv) is not null from {} where doc_id = %s"
+            ).format(docs.table),
+            (doc_id,),
+        ).fetchone()
+        assert row is not None
+        return row
+
     # A row far past a page's TOAST threshold: its text goes out of line, its vector stays.
     rng = np.random.default_rng(7)
-    long_text = " ".join(f"w{int(n)}" for n in rng.integers(0, 10**9, 3000))
-    conn.execute(
-        sql.SQL("insert into {} (doc_id, chunk, text, agentdb_embedding) values ('long', 0, %s, %s)").format(
-            docs.table
-        ),
-        (long_text, embedder.embed(["a long chunk"])[0]),
+    assert out_of_line("long", " ".join(f"w{int(n)}" for n in rng.integers(0, 10**9, 3000)))[:2] == (
+        True,
+        False,
     )
-    assert conn.execute(
-        sql.SQL(
-            "select pg_column_toast_chunk_id(text) is not null, pg_column_toast_chunk_id(agentdb_embedding)"
-            " from {} where doc_id = 'long'"
-        ).format(docs.table)
-    ).fetchone() == (True, None)
-
     # An ordinary chunk (about 1 kB of text, which the default 2 kB target would send out of line beside a
     # 1.5 kB vector): its text and vector stay in the row; its larger tsvector, which no query reads, goes out.
     chunk_text = " ".join(f"w{int(n)}" for n in rng.integers(0, 10**9, 90))
     assert 900 < len(chunk_text) < 1100
-    conn.execute(
-        sql.SQL("insert into {} (doc_id, chunk, text, agentdb_embedding) values ('plain', 0, %s, %s)").format(
-            docs.table
-        ),
-        (chunk_text, embedder.embed(["an ordinary chunk"])[0]),
-    )
-    assert conn.execute(
-        sql.SQL(
-            "select pg_column_toast_chunk_id(text), pg_column_toast_chunk_id(agentdb_embedding),"
-            " pg_column_toast_chunk_id(agentdb_tsv) is not null from {} where doc_id = 'plain'"
-        ).format(docs.table)
-    ).fetchone() == (None, None, True)
+    assert out_of_line("plain", chunk_text) == (False, False, True)
     target_sql = (
         "select s.name, c.reloptions from agentdb.sources s"
         " join pg_class c on c.oid = format('%I.%I', s.table_schema, s.table_name)::regclass order by s.name"
