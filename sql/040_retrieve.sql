@@ -93,6 +93,7 @@ language plpgsql stable as $$
 declare
     k_len float8 := k1 * (1 - b);          -- the chunk-length part of the BM25 denominator:
     k_dl float8 := k1 * b / avgdl;         --   tf + k_len + k_dl * dl
+    qt record;
     t_term text[];
     t_wk float8[];
     t_ub float8[];
@@ -189,25 +190,15 @@ declare
     step_wk float8[];
     bound float8;
 begin
-    -- A principal's role reads the statistics of the query terms through agentdb.principal_term_stats.
-    if agentdb.current_principal() is null then
-        select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
-               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
-               array_agg(x.max_span order by x.ub desc, x.term)
-        into t_term, t_wk, t_ub, t_df, t_span
-        from (select ts.term, ts.df, ts.max_span, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
-              from agentdb.term_stats ts
-              cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w
-              where ts.source_id = bm25_maxscore.source_id and ts.term = any(terms)) x;
-    else
-        select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
-               array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
-               array_agg(x.max_span order by x.ub desc, x.term)
-        into t_term, t_wk, t_ub, t_df, t_span
-        from (select ts.term, ts.df, ts.max_span, w.wk, w.wk * ts.max_tf / (ts.max_tf + k_len + k_dl * ts.min_dl) as ub
-              from agentdb.principal_term_stats(bm25_maxscore.source_id, terms) ts
-              cross join lateral (select ln(1 + (n_chunks - ts.df + 0.5) / (ts.df + 0.5)) * (k1 + 1) as wk) w) x;
-    end if;
+    -- The query terms by bound, highest first (a principal's role reads its own statistics).
+    select * into qt from agentdb_internal.query_terms(bm25_maxscore.source_id, terms, n_chunks, k1);
+    select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
+           array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
+           array_agg(x.max_span order by x.ub desc, x.term)
+    into t_term, t_wk, t_ub, t_df, t_span
+    from (select u.term, u.df, u.max_span, u.wk, u.wk * u.max_tf / (u.max_tf + k_len + k_dl * u.min_dl) as ub
+          from unnest(qt.held, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans)
+               as u(term, wk, df, max_tf, min_dl, max_span)) x;
     nt := coalesce(cardinality(t_term), 0);
     if nt = 0 then
         return;
@@ -276,22 +267,24 @@ end;
 $$;
 
 -- The query terms that source `source_id` holds, as the caller may see them (a principal's role reads no
--- term_stats row itself, but its own through agentdb.principal_term_stats), with each term's BM25 weight,
--- idf x (k1 + 1), over `n_chunks` chunks, and their postings in all: what the summed lexical leg of
--- agentdb.retrieve and agentdb.score_keys pass to agentdb_internal.term_postings.
+-- term_stats row itself, but its own through agentdb.principal_term_stats), with their statistics (df, max_tf,
+-- min_dl, max_span), each term's BM25 weight, idf x (k1 + 1), over `n_chunks` chunks, and their postings in
+-- all; the arrays in one order. What the lexical leg of agentdb.retrieve (summed, or
+-- agentdb_internal.bm25_maxscore) and agentdb.score_keys know of the query's terms.
 create or replace function agentdb_internal.query_terms(
     source_id int, terms text[], n_chunks float8, k1 float8,
-    out held text[], out weights float8[], out postings bigint
+    out held text[], out weights float8[], out postings bigint,
+    out dfs bigint[], out max_tfs int[], out min_dls int[], out max_spans bigint[]
 )
 language plpgsql stable as $$
-declare
-    dfs bigint[];
 begin
     if agentdb.current_principal() is not null then
-        select array_agg(ts.term), array_agg(ts.df) into held, dfs
+        select array_agg(ts.term), array_agg(ts.df), array_agg(ts.max_tf), array_agg(ts.min_dl), array_agg(ts.max_span)
+        into held, dfs, max_tfs, min_dls, max_spans
         from agentdb.principal_term_stats(query_terms.source_id, terms) ts;
     else
-        select array_agg(ts.term), array_agg(ts.df) into held, dfs
+        select array_agg(ts.term), array_agg(ts.df), array_agg(ts.max_tf), array_agg(ts.min_dl), array_agg(ts.max_span)
+        into held, dfs, max_tfs, min_dls, max_spans
         from agentdb.term_stats ts where ts.source_id = query_terms.source_id and ts.term = any(terms);
     end if;
     weights := array(select ln(1 + (n_chunks - d.df + 0.5) / (d.df + 0.5)) * (k1 + 1)
