@@ -295,6 +295,68 @@ def test_group_by_doc_keeps_each_documents_first_rrf_hit_and_results_repeat_the_
     assert plain.diagnostics["parameters"] == flat.diagnostics["parameters"]
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "dense"])
+def test_group_by_doc_over_long_documents_is_the_first_hit_of_each_document_in_the_full_ranking(
+    conn: psycopg.Connection[Any], mode: str
+) -> None:
+    """A grouped page looks up the documents of the candidates scoring at least the (2 x top_k)-th one and the
+    rest only when those hold fewer than top_k documents (sql/040_retrieve.sql, `near`). Here documents of eight
+    chunks sharing their words and nearly their vector crowd the best candidates, so that fallback is needed;
+    and chunks repeat their text, so lexical scores tie at the edge. The page must be the first hit of each
+    document in the ungrouped ranking of the same candidates (top_k 100 of 100 a leg), and an ungrouped page
+    its first top_k hits."""
+    create_document_source(conn, "long", embedding_model="m", embedding_dim=DIM)
+    rng = random.Random(11)
+    nprng = np.random.default_rng(11)
+    bases = {f"L{d:02d}": _unit(nprng) for d in range(14)}
+    bases["L01"] = bases["L00"]
+    rows = []
+    for doc_id, base in bases.items():
+        for chunk in range(8):
+            noisy = base + 0.05 * nprng.normal(size=DIM).astype(np.float32)
+            words = ["wal vacuum replica"] if doc_id in ("L00", "L01") else rng.choices(WORDS, k=3)
+            text = " ".join(words + WORDS[chunk % 2 : chunk % 2 + 1])
+            rows.append(
+                (doc_id, chunk, f"title {doc_id}", text, (noisy / np.linalg.norm(noisy)).astype(np.float32))
+            )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "insert into agentdb_docs.long (doc_id, chunk, title, text, agentdb_embedding) values (%s, %s, %s, %s, %s)",
+            rows,
+        )
+    query, vector = "wal vacuum replica", bases["L00"]
+    flat = retrieve(
+        conn, "long", query, mode=mode, query_embedding=vector, threshold=0, top_k=100, candidates=100
+    )
+    assert (
+        len({h.id for h in flat.hits[:10]}) < 5
+    )  # the best 2 x top_k candidates hold fewer than top_k documents
+    if mode == "lexical":
+        assert len(flat.hits) > len({h.score for h in flat.hits})  # ties
+    first: dict[str, Hit] = {}
+    for hit in flat.hits:
+        first.setdefault(hit.id, hit)
+    for top_k in (1, 5, 14):
+        grouped = retrieve(
+            conn,
+            "long",
+            query,
+            mode=mode,
+            query_embedding=vector,
+            threshold=0,
+            top_k=top_k,
+            candidates=100,
+            group_by_doc=True,
+        )
+        assert [(h.id, h.chunk, h.score, h.rank) for h in grouped.hits] == [
+            (h.id, h.chunk, h.score, n) for n, h in enumerate(list(first.values())[:top_k], start=1)
+        ]
+        page = retrieve(
+            conn, "long", query, mode=mode, query_embedding=vector, threshold=0, top_k=top_k, candidates=100
+        )
+        assert page.hits == flat.hits[:top_k]  # ungrouped: the candidates scoring at least the top_k-th one
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_filters_apply_to_both_legs_before_fusion(
