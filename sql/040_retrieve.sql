@@ -479,7 +479,10 @@ begin
                     else '{}'::jsonb end);
     end if;
 
-    terms := array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1);
+    -- The query's terms (none in dense mode: its statistics are then not read either).
+    terms := case when use_sparse
+                  then array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1)
+                  else '{}' end;
     select * into stats from agentdb.corpus_stats s where s.source_id = src.id;
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
     setting := nullif(btrim(current_setting('agentdb.lexical_seed_postings', true)), '');
