@@ -295,17 +295,16 @@ def test_group_by_doc_keeps_each_documents_first_rrf_hit_and_results_repeat_the_
     assert plain.diagnostics["parameters"] == flat.diagnostics["parameters"]
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "lexical", "dense"])
-def test_group_by_doc_over_long_documents_is_the_first_hit_of_each_document_in_the_full_ranking(
-    conn: psycopg.Connection[Any], mode: str
-) -> None:
-    """A grouped page looks up the documents of the candidates scoring at least the (2 x top_k)-th one and the
-    rest only when those hold fewer than top_k documents (sql/040_retrieve.sql, `near`). Here documents of eight
-    chunks sharing their words and nearly their vector crowd the best candidates, so that fallback is needed;
-    and chunks repeat their text, so lexical scores tie at the edge. The page must be the first hit of each
-    document in the ungrouped ranking of the same candidates (top_k 100 of 100 a leg), and an ungrouped page
-    its first top_k hits."""
-    create_document_source(conn, "long", embedding_model="m", embedding_dim=DIM)
+LONG_QUERY = "wal vacuum replica"
+
+
+def _long_documents(conn: psycopg.Connection[Any]) -> np.ndarray:
+    """Source `long`: 14 documents of eight chunks with a `team` field (L01 alone in team "b"). The chunks of
+    L00 and L01 share the query's words and nearly one vector, so they crowd the best candidates; chunks
+    repeat their text, so lexical scores tie. Returns the query vector."""
+    create_document_source(
+        conn, "long", embedding_model="m", embedding_dim=DIM, fields=[FieldSpec(name="team", type="string")]
+    )
     rng = random.Random(11)
     nprng = np.random.default_rng(11)
     bases = {f"L{d:02d}": _unit(nprng) for d in range(14)}
@@ -314,25 +313,46 @@ def test_group_by_doc_over_long_documents_is_the_first_hit_of_each_document_in_t
     for doc_id, base in bases.items():
         for chunk in range(8):
             noisy = base + 0.05 * nprng.normal(size=DIM).astype(np.float32)
-            words = ["wal vacuum replica"] if doc_id in ("L00", "L01") else rng.choices(WORDS, k=3)
+            words = [LONG_QUERY] if doc_id in ("L00", "L01") else rng.choices(WORDS, k=3)
             text = " ".join(words + WORDS[chunk % 2 : chunk % 2 + 1])
             rows.append(
-                (doc_id, chunk, f"title {doc_id}", text, (noisy / np.linalg.norm(noisy)).astype(np.float32))
+                (
+                    doc_id,
+                    chunk,
+                    f"title {doc_id}",
+                    text,
+                    Jsonb({"team": "b" if doc_id == "L01" else "a"}),
+                    (noisy / np.linalg.norm(noisy)).astype(np.float32),
+                )
             )
     with conn.cursor() as cur:
         cur.executemany(
-            "insert into agentdb_docs.long (doc_id, chunk, title, text, agentdb_embedding) values (%s, %s, %s, %s, %s)",
+            "insert into agentdb_docs.long (doc_id, chunk, title, text, metadata, agentdb_embedding)"
+            " values (%s, %s, %s, %s, %s, %s)",
             rows,
         )
-    query, vector = "wal vacuum replica", bases["L00"]
+    return bases["L00"]
+
+
+def _check_long_pages(
+    conn: psycopg.Connection[Any], mode: str, vector: np.ndarray, **kwargs: Any
+) -> list[Hit]:
+    """Grouped pages of top_k 1, 5 and 14 must be the first hit of each document in the ungrouped ranking of
+    the same candidates (top_k 100 of 100 a leg), and an ungrouped page its first top_k hits; the best
+    2 x top_k candidates hold fewer than top_k documents, so the grouped fallback is needed. Returns that
+    ranking."""
     flat = retrieve(
-        conn, "long", query, mode=mode, query_embedding=vector, threshold=0, top_k=100, candidates=100
+        conn,
+        "long",
+        LONG_QUERY,
+        mode=mode,
+        query_embedding=vector,
+        threshold=0,
+        top_k=100,
+        candidates=100,
+        **kwargs,
     )
-    assert (
-        len({h.id for h in flat.hits[:10]}) < 5
-    )  # the best 2 x top_k candidates hold fewer than top_k documents
-    if mode == "lexical":
-        assert len(flat.hits) > len({h.score for h in flat.hits})  # ties
+    assert len({h.id for h in flat.hits[:10]}) < 5
     first: dict[str, Hit] = {}
     for hit in flat.hits:
         first.setdefault(hit.id, hit)
@@ -340,21 +360,60 @@ def test_group_by_doc_over_long_documents_is_the_first_hit_of_each_document_in_t
         grouped = retrieve(
             conn,
             "long",
-            query,
+            LONG_QUERY,
             mode=mode,
             query_embedding=vector,
             threshold=0,
             top_k=top_k,
             candidates=100,
             group_by_doc=True,
+            **kwargs,
         )
         assert [(h.id, h.chunk, h.score, h.rank) for h in grouped.hits] == [
             (h.id, h.chunk, h.score, n) for n, h in enumerate(list(first.values())[:top_k], start=1)
         ]
         page = retrieve(
-            conn, "long", query, mode=mode, query_embedding=vector, threshold=0, top_k=top_k, candidates=100
+            conn,
+            "long",
+            LONG_QUERY,
+            mode=mode,
+            query_embedding=vector,
+            threshold=0,
+            top_k=top_k,
+            candidates=100,
+            **kwargs,
         )
         assert page.hits == flat.hits[:top_k]  # ungrouped: the candidates scoring at least the top_k-th one
+    return flat.hits
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical", "dense"])
+def test_group_by_doc_over_long_documents_is_the_first_hit_of_each_document_in_the_full_ranking(
+    conn: psycopg.Connection[Any], mode: str
+) -> None:
+    """A grouped page looks up the documents of the candidates scoring at least the (2 x top_k)-th one and the
+    rest only when those hold fewer than top_k documents (sql/040_retrieve.sql, `near`); an ungrouped page
+    those scoring at least the top_k-th. Documents of eight chunks crowd the best candidates, so the fallback
+    is needed, and lexical scores tie at the edge."""
+    hits = _check_long_pages(conn, mode, _long_documents(conn))
+    if mode == "lexical":
+        assert len(hits) > len({h.score for h in hits})  # ties
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "lexical"])
+def test_a_principals_long_document_pages_keep_its_rows_and_fields(
+    conn: psycopg.Connection[Any], mode: str
+) -> None:
+    """The same pages under a principal's role whose row filter hides L01 (one of the two crowding documents)
+    and whose field grant leaves only `team`, with its row filter passed or not: the grouped fallback looks up
+    only rows the role can read, and no hit shows a hidden row or field."""
+    vector = _long_documents(conn)
+    alice, _ = create_principal(conn, "alice", tables=["long"], row_filter={"team": "a"}, fields=["team"])
+    for row_filter in (None, alice.row_filter):
+        with principal_scope(conn, alice) as scoped:
+            hits = _check_long_pages(scoped, mode, vector, row_filter=row_filter, fields=["team"])
+        assert hits and "L01" not in {h.id for h in hits}
+        assert all(h.title is None and h.text is None and h.metadata == {"team": "a"} for h in hits)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
