@@ -65,7 +65,8 @@ end;
 $$;
 
 -- The lexical leg of agentdb.retrieve for queries whose postings exceed the seed budget: the exact BM25 top
--- `cand` by MaxScore. Each term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl) to a chunk holding
+-- `cand` by MaxScore, over the query terms the source holds with their weights and statistics as the caller
+-- read them once (agentdb_internal.query_terms, a principal's role its own). Each term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl) to a chunk holding
 -- it (wk_t = idf_t * (k1 + 1)), at most ub_t (the same at term_stats.max_tf and min_dl). Terms are taken in
 -- descending ub. The state is the set of chunks that may still rank, each with its exact score over the terms
 -- taken so far (`known`), and theta, the cand-th best known score among chunks that pass the filter: a lower
@@ -86,14 +87,14 @@ $$;
 -- written with retrieve's parameter positions ($5 filter, $6 row filter, $14 excluded document, $17
 -- filter_query, $18 exclusion_query); every statement here passes those values at the same positions.
 create or replace function agentdb_internal.bm25_maxscore(
-    source_id int, terms text[], cand int, n_chunks float8, avgdl float8, k1 float8, b float8, seed_budget bigint,
+    source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[], max_spans bigint[],
+    cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
     k_len float8 := k1 * (1 - b);          -- the chunk-length part of the BM25 denominator:
     k_dl float8 := k1 * b / avgdl;         --   tf + k_len + k_dl * dl
-    qt record;
     t_term text[];
     t_wk float8[];
     t_ub float8[];
@@ -190,14 +191,13 @@ declare
     step_wk float8[];
     bound float8;
 begin
-    -- The query terms by bound, highest first (a principal's role reads its own statistics).
-    select * into qt from agentdb_internal.query_terms(bm25_maxscore.source_id, terms, n_chunks, k1);
+    -- The query terms by bound, highest first.
     select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
            array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
            array_agg(x.max_span order by x.ub desc, x.term)
     into t_term, t_wk, t_ub, t_df, t_span
     from (select u.term, u.df, u.max_span, u.wk, u.wk * u.max_tf / (u.max_tf + k_len + k_dl * u.min_dl) as ub
-          from unnest(qt.held, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans)
+          from unnest(terms, weights, dfs, max_tfs, min_dls, max_spans)
                as u(term, wk, df, max_tf, min_dl, max_span)) x;
     nt := coalesce(cardinality(t_term), 0);
     if nt = 0 then
@@ -372,7 +372,7 @@ declare
     score_sql text;
     fused_sql text;
     range_sql text;
-    keys_sql text;      -- a fused candidate's document and chunk (alias fs): the dense leg's, else looked up
+    keyed_sql text;     -- the fused candidates (fs) with their document and chunk: the dense leg's, else looked up
     dense_sql text;
     sparse_sql text;
     stmt text;
@@ -541,15 +541,15 @@ begin
         sparse_sql := format($q$
             select s.chunk_id as cid, s.known::float8 as bm25
             from (select p.chunk_id, sum(p.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
-                  from agentdb_internal.term_postings($9, $21, $22) p
+                  from agentdb_internal.term_postings($9, $2, $21) p
                   group by p.chunk_id) s
             %s
             order by bm25 desc, cid
             limit $3 $q$, filter_join);
     else
         sparse_sql := format(
-            'select m.cid, m.bm25 from agentdb_internal.bm25_maxscore($9, $2, $3, $10, $11, $12, $13, $19, %L,'
-            ' $5, $6, $14, $17, $18) m', filter_join);
+            'select m.cid, m.bm25 from agentdb_internal.bm25_maxscore($9, $2, $21, $22, $23, $24, $25, $3, $11, $12,'
+            ' $13, $19, %L, $5, $6, $14, $17, $18) m', filter_join);
     end if;
 
     -- The fused score is computed for the chosen fusion only, and in float8 (numeric division and its cast
@@ -579,10 +579,12 @@ begin
     -- groups under any deterministic collation, a cheaper sort); the page keeps the source's collation for its
     -- order. The metadata projection is called only when `fields` asks for one (as a function with a subquery
     -- it is not inlined: about 3 us a hit).
-    keys_sql := format($q$
-        select fs.dense_doc_id as doc_id, fs.dense_chunk as chunk where fs.rank_dense is not null
-        union all
-        select %s, %s from %s c where fs.rank_dense is null and c.agentdb_chunk_id = fs.cid $q$, r.doc_id, r.chunk, rel);
+    keyed_sql := format($q$
+        select fs.*, k.doc_id, k.chunk from fs cross join lateral (
+            select fs.dense_doc_id as doc_id, fs.dense_chunk as chunk where fs.rank_dense is not null
+            union all
+            select %s, %s from %s c where fs.rank_dense is null and c.agentdb_chunk_id = fs.cid) k $q$,
+        r.doc_id, r.chunk, rel);
     stmt := format($q$
         with dense as materialized (%s),
         sparse as materialized (%s),
@@ -596,8 +598,7 @@ begin
         fs as (select f.*, (%s)::float8 as score from f),
         edge(score) as (select coalesce((select fs.score from fs order by fs.score desc
                                          offset case when $15 then 2 * $7 else $7 end - 1 limit 1), '-infinity')),
-        near as materialized (select fs.*, k.doc_id, k.chunk from fs cross join lateral (%s) k
-                              where fs.score >= (select score from edge)),
+        near as materialized (%s where fs.score >= (select score from edge)),
         r as (select x.*, row_number() over (partition by x.doc_id collate "C" order by x.score desc, x.chunk) as doc_rank
               from (select * from near %s) x),
         top as (select r.*, row_number() over (order by score desc, doc_id, chunk) as rank
@@ -621,19 +622,18 @@ begin
         $q$,
         dense_sql, sparse_sql,
         format(range_sql, 'distance'), format(range_sql, 'bm25'), fused_sql,
-        score_sql, keys_sql,
+        score_sql, keyed_sql,
         case when group_by_doc then format($q$
             union all
-            select fs.*, k.doc_id, k.chunk from fs cross join lateral (%s) k
-            where fs.score < (select score from edge) and (select count(distinct near.doc_id) from near) < $7 $q$,
-            keys_sql) else '' end,
+            %s where fs.score < (select score from edge) and (select count(distinct near.doc_id) from near) < $7 $q$,
+            keyed_sql) else '' end,
         r.title, r.body, r.metadata, r.metadata,
         rel);
 
     execute stmt into result using
-        query_embedding, terms, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+        query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
         coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
-        fq_params, ex_params, seed_budget, alpha, qt.held, qt.weights;
+        fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then (result->>'dense_raw_count')::int
