@@ -341,50 +341,33 @@ def _check_long_pages(
     the same candidates (top_k 100 of 100 a leg), and an ungrouped page its first top_k hits; the best
     2 x top_k candidates hold fewer than top_k documents, so the grouped fallback is needed. Returns that
     ranking."""
-    flat = retrieve(
-        conn,
-        "long",
-        LONG_QUERY,
-        mode=mode,
-        query_embedding=vector,
-        threshold=0,
-        top_k=100,
-        candidates=100,
-        **kwargs,
-    )
-    assert len({h.id for h in flat.hits[:10]}) < 5
+
+    def page(top_k: int, **more: Any) -> list[Hit]:
+        found = retrieve(
+            conn,
+            "long",
+            LONG_QUERY,
+            mode=mode,
+            query_embedding=vector,
+            threshold=0,
+            top_k=top_k,
+            candidates=100,
+            **kwargs,
+            **more,
+        )
+        return found.hits
+
+    flat = page(100)
+    assert len({h.id for h in flat[:10]}) < 5
     first: dict[str, Hit] = {}
-    for hit in flat.hits:
+    for hit in flat:
         first.setdefault(hit.id, hit)
     for top_k in (1, 5, 14):
-        grouped = retrieve(
-            conn,
-            "long",
-            LONG_QUERY,
-            mode=mode,
-            query_embedding=vector,
-            threshold=0,
-            top_k=top_k,
-            candidates=100,
-            group_by_doc=True,
-            **kwargs,
-        )
-        assert [(h.id, h.chunk, h.score, h.rank) for h in grouped.hits] == [
+        assert [(h.id, h.chunk, h.score, h.rank) for h in page(top_k, group_by_doc=True)] == [
             (h.id, h.chunk, h.score, n) for n, h in enumerate(list(first.values())[:top_k], start=1)
         ]
-        page = retrieve(
-            conn,
-            "long",
-            LONG_QUERY,
-            mode=mode,
-            query_embedding=vector,
-            threshold=0,
-            top_k=top_k,
-            candidates=100,
-            **kwargs,
-        )
-        assert page.hits == flat.hits[:top_k]  # ungrouped: the candidates scoring at least the top_k-th one
-    return flat.hits
+        assert page(top_k) == flat[:top_k]  # ungrouped: the candidates scoring at least the top_k-th one
+    return flat
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "lexical", "dense"])
