@@ -6,7 +6,7 @@ On the demo corpus (the PostgreSQL manual, 9,182 chunks) with the runbook questi
 examples/pgdocs/questions.jsonl, for each retrieval mode (lexical, dense, hybrid) and neighbour expansion
 window (3, the default, and 1), in the same run:
 
-  * SQL only: one statement through psycopg, `agentdb.expand(.., agentdb.retrieve(..)->'hits', window)` (or
+  * SQL only: one statement through psycopg, `agentdb.expand(.., (agentdb.retrieve(..)->'hits')::jsonb, window)` (or
     `agentdb.retrieve` alone for window 1), with the query vector computed beforehand: the database's work;
   * embed: the query embedding alone (dense and hybrid), as the server computes it;
   * Python API: `agentdb.retrieval.retrieve` then `agentdb.expansion.expand`, embedding included;
@@ -165,7 +165,7 @@ def main() -> int:
             " group_by_doc => true)"
         )
         statement = (
-            f"select agentdb.expand(%(source)s, {retrieve_sql} -> 'hits', %(window)s)"
+            f"select agentdb.expand(%(source)s, ({retrieve_sql} -> 'hits')::jsonb, %(window)s)"
             if window > 1
             else f"select {retrieve_sql}"
         )

@@ -132,15 +132,17 @@ begin
 
     -- The seed search, and the query's best BM25 score in scope (the lexical leg's scale).
     select coalesce(array_agg(h->>'id' order by n), '{}') into seeds
-    from jsonb_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode, top_k => top_k,
+    from json_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode, top_k => top_k,
                                                 rrf_k => rrf_k, threshold => threshold, filter => tree_walk.filter,
                                                 group_by_doc => true, row_filter => row_filter, fields => fields,
                                                 filter_query => filter_query,
-                                                exclusion_query => exclusion_query))->'hits') with ordinality x(h, n);
+                                                exclusion_query => exclusion_query,
+                                                output_results => false))->'hits') with ordinality x(h, n);
     seeds := array(select s from unnest(seeds) with ordinality u(s, n) group by s order by min(n));
     select coalesce(((agentdb.retrieve(source, query, mode => 'lexical', top_k => 1, filter => tree_walk.filter,
                                        row_filter => row_filter, filter_query => filter_query,
-                                       exclusion_query => exclusion_query))->'hits'->0->>'bm25_score')::float8, 1.0)
+                                       exclusion_query => exclusion_query, output_results => false))
+                  ->'hits'->0->>'bm25_score')::float8, 1.0)
     into scale;
     if scale = 0 then
         scale := 1.0;
@@ -148,11 +150,12 @@ begin
     scale := greatest(scale, 1e-9);
     -- The prior: the seed search run prior_depth times deeper, the seed hits first.
     select coalesce(array_agg(h->>'id' order by n), '{}') into ranked
-    from jsonb_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode,
+    from json_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode,
                                                 top_k => prior_depth * top_k, rrf_k => rrf_k, threshold => threshold,
                                                 filter => tree_walk.filter, group_by_doc => true,
                                                 row_filter => row_filter, filter_query => filter_query,
-                                                exclusion_query => exclusion_query))->'hits') with ordinality x(h, n);
+                                                exclusion_query => exclusion_query,
+                                                output_results => false))->'hits') with ordinality x(h, n);
     ranked := array(select s from unnest(seeds || ranked) with ordinality u(s, n) group by s order by min(n));
     for i in 1 .. cardinality(ranked) loop
         prior := prior || jsonb_build_object(ranked[i], seed_prior / (1 + (i - 1)));

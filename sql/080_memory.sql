@@ -582,7 +582,7 @@ begin
     -- The dense leg of the one retrieval function: the records nearest to the query.
     if query_embedding is not null and candidates > 0 then
         vector_hits := agentdb.retrieve(src.name, '', query_embedding, 'dense', top_k => candidates, threshold => 0,
-                                        filter => filter)->'hits';
+                                        filter => filter, output_results => false)->'hits';
     end if;
 
     execute format($q$

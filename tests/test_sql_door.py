@@ -1,13 +1,15 @@
-"""The SQL door without a vector (issue 10, item 7): agentdb.search with no mode and no query_embedding runs
-lexical and says so, instead of failing on the hybrid default."""
+"""The SQL door: agentdb.search without a vector (issue 10, item 7) runs lexical and says so, instead of
+failing on the hybrid default; agentdb.retrieve returns one json document."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
 
+from agentdb.retrieval import retrieve
 from agentdb.sources import create_document_source
 
 
@@ -24,3 +26,36 @@ def test_search_without_a_vector_is_lexical_and_says_so(conn: Any) -> None:
     assert any("mode => 'lexical'" in n for n in notices)
     with pytest.raises(psycopg.DatabaseError, match="needs query_embedding"):
         conn.execute("select * from agentdb.search('t', 'archive', mode => 'hybrid')")
+
+
+def test_retrieve_returns_one_json_document_with_the_hits_keys_in_order(conn: Any) -> None:
+    """agentdb.retrieve returns json written once (not jsonb): a hit's keys come in agentdb.search's column
+    order, a cast gives jsonb's operators, and output.results is each hit without rank, score, title and
+    metadata. The Python API reads the same document."""
+    create_document_source(conn, "door", embedding_model="all-MiniLM-L6-v2", embedding_dim=384)
+    conn.execute(
+        "insert into agentdb_docs.door (doc_id, chunk, title, text, metadata) values"
+        " ('a', 0, 'WAL', 'archive the write-ahead log', '{\"team\": \"ops\"}'),"
+        " ('b', 0, 'Vacuum', 'reclaim dead tuples and archive nothing', '{}')"
+    )
+    call = "agentdb.retrieve('door', 'archive log', mode => 'lexical')"
+    kind, text = conn.execute(f"select pg_typeof({call})::text, {call}::text").fetchone()
+    assert kind == "json"
+    payload = json.loads(text)
+    assert list(payload) == ["route", "hits", "diagnostics"] and payload["route"] == "found"
+    assert [h["id"] for h in payload["hits"]] == ["a", "b"]
+    keys = "id chunk rank score distance bm25_score rank_dense rank_sparse title text metadata".split()
+    assert [list(h) for h in payload["hits"]] == [keys] * 2
+    assert payload["hits"][0]["metadata"] == {"team": "ops"} and payload["hits"][0]["score"] > 0
+    dropped = {"rank", "score", "title", "metadata"}
+    assert payload["diagnostics"]["output"]["results"] == [
+        {k: v for k, v in h.items() if k not in dropped} for h in payload["hits"]
+    ]
+    assert payload["diagnostics"]["parameters"]["result_count"] == 2
+    first = conn.execute(f"select ({call})::jsonb #>> '{{hits,0,text}}'").fetchone()[0]
+    assert first == "archive the write-ahead log"
+    api = retrieve(conn, "door", "archive log", mode="lexical", output_results=True)
+    assert [(h.id, h.chunk, h.score) for h in api.hits] == [
+        (h["id"], h["chunk"], h["score"]) for h in payload["hits"]
+    ]
+    assert api.diagnostics == payload["diagnostics"]
