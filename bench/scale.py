@@ -459,7 +459,7 @@ def main() -> int:
         parser.error("--writers must be at least 1; --db-suffix takes lower-case letters, digits and _")
     rows_timed = ("lexical", "lexical, no pruning") if args.lexical_only else ROWS
 
-    from agentdb.sources import MERGE_SLICES, get_source
+    from agentdb.sources import MERGE_SLICES, MERGE_WORKERS, get_source
 
     wall = time.perf_counter()
     words, p, texts, origin = vocabulary(args.dataset, args.queries, args.seed)
@@ -646,7 +646,8 @@ def main() -> int:
     print(
         "COPY+index: wall time of the COPY statements with the triggers building the lexical index (postings,\n"
         "statistics), on `writers` connections at once, while the next batches are generated (generate s);\n"
-        f"merge: agentdb optimize after the load ({MERGE_SLICES} term ranges, a VACUUM after each); chunks/s:\n"
+        f"merge: agentdb optimize after the load ({MERGE_SLICES} term ranges on {MERGE_WORKERS} connections, a VACUUM\n"
+        "after each); chunks/s:\n"
         "chunks / (COPY+index + merge), embedding excluded (vectors are generated); rebuild: the index rebuilt\n"
         "from the same rows in the layout measured second; lexical index: pg_total_relation_size of the layout's\n"
         "postings table (agentdb.postings or agentdb.posting_blocks, with the space its deleted versions held),\n"
@@ -697,6 +698,7 @@ def main() -> int:
                 "writers": args.writers,
                 "lexical_only": args.lexical_only,
                 "merge_slices": MERGE_SLICES,
+                "merge_workers": MERGE_WORKERS,
                 "seed": args.seed,
                 "maintenance_work_mem": args.maintenance_work_mem,
                 "parallel_workers": args.parallel_workers,

@@ -477,10 +477,13 @@ $$;
 -- for a frequent term (about 10 full blocks a batch) but several times too many for a rare one (scifact-text
 -- 100k, fresh loads in batches of 20,000: the merge 25.8 -> 10.3 s, the lexical index 1.45x -> 1.30x the
 -- text). Returns the number of the range's blocks before and after. Nothing to do for the 'rows' layout. Runs
--- under the source's write lock (its corpus_stats row). A merge after a bulk load still rewrites many blocks
--- (the rare terms' blocks), so agentdb's callers merge term ranges (agentdb_internal.lexical_slice_bounds) in
--- transactions of their own with a plain VACUUM between them: each range's new blocks then take the space the
--- ranges before it freed, instead of growing the table's file by the whole rewritten index.
+-- under a share lock on the source's corpus_stats row: writers, which update it, wait, and merges of disjoint
+-- term ranges run at once (two of overlapping ranges at once may fail with a deadlock, nothing half-written;
+-- agentdb's callers merge disjoint ranges, one optimize of a source at a time). A merge after a bulk load
+-- still rewrites many blocks (the rare terms' blocks), so agentdb's callers merge term ranges
+-- (agentdb_internal.lexical_slice_bounds) in transactions of their own with a plain VACUUM after each: later
+-- ranges' new blocks then take the space the ranges before them freed, instead of growing the table's file by
+-- the whole rewritten index.
 create or replace function agentdb.lexical_optimize(source_name text, term_from text default null,
                                                     term_to text default null,
                                                     out blocks_before bigint, out blocks_after bigint)
@@ -493,7 +496,7 @@ begin
     if not found then
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
     end if;
-    perform 1 from agentdb.corpus_stats c where c.source_id = src.id for update;
+    perform 1 from agentdb.corpus_stats c where c.source_id = src.id for share;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
         into blocks_before using src.id;
     execute format($q$

@@ -32,7 +32,7 @@ from agentdb.db.pool import configure
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
-from agentdb.sources import FieldSpec, create_document_source, get_source, optimize_source
+from agentdb.sources import MERGE_LOCK_KEY, FieldSpec, create_document_source, get_source, optimize_source
 from tests.filter_oracle import filters, matches, sample_metadata
 
 DIM = 8
@@ -749,11 +749,14 @@ def test_a_principals_memory_store_in_blocks(conn: psycopg.Connection[Any], embe
             delete_principal(conn, p.name)
 
 
-def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(conn: psycopg.Connection[Any]) -> None:
-    """agentdb optimize merges in term ranges, a VACUUM after each: it leaves exactly the blocks and term
-    statistics of the merge in one statement (inside a transaction), answers as before and as exhaustive BM25,
-    and grows the block table's file by less than half of what it rewrote. Two block sources get the same rows
-    (hence the same chunk ids) in ten writes."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
+    conn: psycopg.Connection[Any], workers: int
+) -> None:
+    """agentdb optimize merges in term ranges, a VACUUM after each, on one connection or on two at once: it
+    leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction),
+    answers as before and as exhaustive BM25, and grows the block table's file by less than half of what it
+    rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes."""
     words = [f"v{i}x" for i in range(400)]
     weights = [1 / (i + 1) for i in range(len(words))]
     names = ("sliced", "whole")
@@ -799,7 +802,7 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(conn: psyco
         )
     ]
     start = file_size()
-    before, after = optimize_source(conn, "sliced", slices=8)
+    before, after = optimize_source(conn, "sliced", slices=8, workers=workers)
     sliced_growth = file_size() - start
     row = conn.execute(
         "select sum(pg_column_size(b.*)) from agentdb.posting_blocks b where b.source_id = %s and b.term = any(%s)",
@@ -827,3 +830,48 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(conn: psyco
     # went mostly into the space of the versions it deleted (16% of the rewritten bytes measured), where a merge
     # in one transaction can reuse none of its own.
     assert sliced_growth <= rewritten // 2
+
+
+def test_a_second_optimize_of_a_source_waits_for_the_first(
+    conn: psycopg.Connection[Any], db_url: str
+) -> None:
+    """Two merges of the same term ranges at once could deadlock: an optimize holds the source's merge lock
+    while its ranges merge on two connections, and a second optimize of the source waits for it (another
+    source's does not)."""
+    words = [f"w{i}x" for i in range(300)]
+    weights = [1 / (i + 1) for i in range(len(words))]
+    for name in ("first", "other"):
+        create_document_source(
+            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+        )
+    rng = random.Random(5)
+    for _ in range(6):
+        _copy(conn, _rows(rng, 300, words, weights), ("first", "other"))
+    first = get_source(conn, "first")
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        configure(holder)
+        holder.execute("select pg_advisory_lock(%s, %s)", (MERGE_LOCK_KEY, first.id))
+        done: list[tuple[int, int]] = []
+        waiting = threading.Thread(
+            target=lambda: done.append(_optimize_on_own_connection(db_url, "first")), daemon=True
+        )
+        waiting.start()
+        waiting.join(timeout=3)
+        assert waiting.is_alive() and not done  # held back by the lock
+        assert optimize_source(conn, "other")[1] > 0  # another source's merge does not wait
+        holder.execute("select pg_advisory_unlock(%s, %s)", (MERGE_LOCK_KEY, first.id))
+        waiting.join(timeout=60)
+    assert done and done[0][1] < done[0][0]
+    for name in ("first", "other"):
+        assert lexical_check(conn, name) == {
+            "postings": 0,
+            "term_stats": 0,
+            "term_bounds": 0,
+            "corpus_stats": 0,
+        }
+
+
+def _optimize_on_own_connection(db_url: str, name: str) -> tuple[int, int]:
+    with psycopg.connect(db_url, autocommit=True) as own:
+        configure(own)
+        return optimize_source(own, name)
