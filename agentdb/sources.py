@@ -8,6 +8,7 @@ Statement-level triggers keep the BM25 postings and statistics equal to the rows
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
@@ -606,8 +607,6 @@ def _merge_in_parallel(
     range; under a session advisory lock on the source, so that two optimizes of one source never merge the
     same range at once (agentdb.lexical_optimize lets disjoint ranges run together). The first error is
     raised once every worker has stopped; the ranges merged until then stay merged (each is complete)."""
-    import threading
-
     from agentdb.db.pool import configure
 
     todo = list(reversed(ranges))
@@ -630,10 +629,15 @@ def _merge_in_parallel(
             with lock:
                 counts.append(result)
 
-    extra = [
-        psycopg.connect(make_conninfo(conn.info.dsn, password=conn.info.password), autocommit=True)
-        for _ in range(workers - 1)
-    ]
+    # A connection the server refuses (max_connections reached, say) leaves its share to the others.
+    extra: list[psycopg.Connection[Any]] = []
+    for _ in range(workers - 1):
+        try:
+            extra.append(
+                psycopg.connect(make_conninfo(conn.info.dsn, password=conn.info.password), autocommit=True)
+            )
+        except psycopg.OperationalError:
+            break
     conn.execute("select pg_advisory_lock(%s, %s)", (MERGE_LOCK_KEY, source_id))
     try:
         for own in extra:

@@ -875,3 +875,43 @@ def _optimize_on_own_connection(db_url: str, name: str) -> tuple[int, int]:
     with psycopg.connect(db_url, autocommit=True) as own:
         configure(own)
         return optimize_source(own, name)
+
+
+def test_a_refused_extra_connection_leaves_the_merge_to_the_first(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the server refuses the merge's extra connection (max_connections reached, say), the caller's
+    connection merges every range itself: the same blocks as a merge on one connection."""
+    words = [f"r{i}x" for i in range(300)]
+    weights = [1 / (i + 1) for i in range(len(words))]
+    names = ("refused", "single")
+    for name in names:
+        create_document_source(
+            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+        )
+    rng = random.Random(9)
+    for _ in range(6):
+        _copy(conn, _rows(rng, 300, words, weights), names)
+
+    def refuse(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        raise psycopg.OperationalError("too many clients already")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(psycopg, "connect", refuse)
+        before, after = optimize_source(conn, "refused", workers=2)
+    assert optimize_source(conn, "single", workers=1) == (before, after) and after < before
+
+    def blocks(name: str) -> list[tuple[Any, ...]]:
+        return conn.execute(
+            "select b.term, b.first_chunk, b.offs, b.tfs, b.dls from agentdb.posting_blocks b"
+            " join agentdb.sources s on s.id = b.source_id where s.name = %s order by b.term, b.first_chunk",
+            (name,),
+        ).fetchall()
+
+    assert blocks("refused") == blocks("single")
+    assert lexical_check(conn, "refused") == {
+        "postings": 0,
+        "term_stats": 0,
+        "term_bounds": 0,
+        "corpus_stats": 0,
+    }
