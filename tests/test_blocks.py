@@ -757,16 +757,7 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
     leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction),
     answers as before and as exhaustive BM25, and grows the block table's file by less than half of what it
     rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes."""
-    words = [f"v{i}x" for i in range(400)]
-    weights = [1 / (i + 1) for i in range(len(words))]
-    names = ("sliced", "whole")
-    for name in names:
-        create_document_source(
-            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
-        )
-    rng = random.Random(21)
-    for _ in range(10):
-        _copy(conn, _rows(rng, 400, words, weights), names)
+    _twin_block_sources(conn, ("sliced", "whole"), "v", seed=21, writes=10, size=400)
     queries = ["v0x v5x v77x", "v1x v2x", "v150x v399x v12x"]
     want = {q: _hits(retrieve(conn, "sliced", q, mode="lexical", top_k=20)) for q in queries}
 
@@ -774,14 +765,6 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
         row = conn.execute("select pg_relation_size('agentdb.posting_blocks')").fetchone()
         assert row is not None
         return int(row[0])
-
-    def blocks(name: str) -> list[tuple[Any, ...]]:
-        return conn.execute(
-            "select b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls"
-            " from agentdb.posting_blocks b join agentdb.sources s on s.id = b.source_id where s.name = %s"
-            " order by b.term, b.first_chunk",
-            (name,),
-        ).fetchall()
 
     def term_stats(name: str) -> list[tuple[Any, ...]]:
         return conn.execute(
@@ -814,7 +797,7 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
         assert optimize_source(conn, "whole", slices=8) == (before, after)
 
     assert after < before
-    assert blocks("sliced") == blocks("whole")
+    assert _source_blocks(conn, "sliced") == _source_blocks(conn, "whole")
     assert term_stats("sliced") == term_stats("whole")
     assert lexical_check(conn, "sliced") == {
         "postings": 0,
@@ -838,15 +821,7 @@ def test_a_second_optimize_of_a_source_waits_for_the_first(
     """Two merges of the same term ranges at once could deadlock: an optimize holds the source's merge lock
     while its ranges merge on two connections, and a second optimize of the source waits for it (another
     source's does not)."""
-    words = [f"w{i}x" for i in range(300)]
-    weights = [1 / (i + 1) for i in range(len(words))]
-    for name in ("first", "other"):
-        create_document_source(
-            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
-        )
-    rng = random.Random(5)
-    for _ in range(6):
-        _copy(conn, _rows(rng, 300, words, weights), ("first", "other"))
+    _twin_block_sources(conn, ("first", "other"), "w", seed=5, writes=6, size=300)
     first = get_source(conn, "first")
     with psycopg.connect(db_url, autocommit=True) as holder:
         configure(holder)
@@ -882,16 +857,7 @@ def test_a_refused_extra_connection_leaves_the_merge_to_the_first(
 ) -> None:
     """When the server refuses the merge's extra connection (max_connections reached, say), the caller's
     connection merges every range itself: the same blocks as a merge on one connection."""
-    words = [f"r{i}x" for i in range(300)]
-    weights = [1 / (i + 1) for i in range(len(words))]
-    names = ("refused", "single")
-    for name in names:
-        create_document_source(
-            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
-        )
-    rng = random.Random(9)
-    for _ in range(6):
-        _copy(conn, _rows(rng, 300, words, weights), names)
+    _twin_block_sources(conn, ("refused", "single"), "r", seed=9, writes=6, size=300)
 
     def refuse(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
         raise psycopg.OperationalError("too many clients already")
@@ -901,17 +867,35 @@ def test_a_refused_extra_connection_leaves_the_merge_to_the_first(
         before, after = optimize_source(conn, "refused", workers=2)
     assert optimize_source(conn, "single", workers=1) == (before, after) and after < before
 
-    def blocks(name: str) -> list[tuple[Any, ...]]:
-        return conn.execute(
-            "select b.term, b.first_chunk, b.offs, b.tfs, b.dls from agentdb.posting_blocks b"
-            " join agentdb.sources s on s.id = b.source_id where s.name = %s order by b.term, b.first_chunk",
-            (name,),
-        ).fetchall()
-
-    assert blocks("refused") == blocks("single")
+    assert _source_blocks(conn, "refused") == _source_blocks(conn, "single")
     assert lexical_check(conn, "refused") == {
         "postings": 0,
         "term_stats": 0,
         "term_bounds": 0,
         "corpus_stats": 0,
     }
+
+
+def _twin_block_sources(
+    conn: psycopg.Connection[Any], names: tuple[str, str], prefix: str, *, seed: int, writes: int, size: int
+) -> None:
+    """Two block sources given the same rows (hence the same chunk ids) in `writes` writes of `size` rows of
+    Zipf-weighted words `<prefix><i>x`: each write leaves partly filled blocks to merge."""
+    words = [f"{prefix}{i}x" for i in range(size)]
+    weights = [1 / (i + 1) for i in range(len(words))]
+    for name in names:
+        create_document_source(
+            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+        )
+    rng = random.Random(seed)
+    for _ in range(writes):
+        _copy(conn, _rows(rng, size, words, weights), names)
+
+
+def _source_blocks(conn: psycopg.Connection[Any], name: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "select b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls"
+        " from agentdb.posting_blocks b join agentdb.sources s on s.id = b.source_id where s.name = %s"
+        " order by b.term, b.first_chunk",
+        (name,),
+    ).fetchall()
