@@ -396,7 +396,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=20_000, help="rows per COPY statement (and transaction)")
+    parser.add_argument("--batch", type=int, default=50_000, help="rows per COPY statement (and transaction)")
     parser.add_argument("--min-words", type=int, default=80)
     parser.add_argument("--max-words", type=int, default=240)
     parser.add_argument("--seed", type=int, default=42)
