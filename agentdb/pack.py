@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +35,8 @@ from agentdb.sources import (
     coerce_value,
     create_document_source,
     drop_source,
+    drop_vector_index,
+    ensure_vector_index,
     get_source,
     record_embedding_backends,
 )
@@ -343,25 +344,6 @@ def read_rows(path: Path, manifest: PackManifest | None = None) -> Iterator[Pack
         duck.close()
 
 
-@contextmanager
-def _vector_indexes_built_after(conn: psycopg.Connection[Any], source: Source) -> Iterator[None]:
-    """Drop the table's HNSW indexes for a bulk load and build them again from their own definitions
-    afterwards: one build over all the rows is faster than inserting them one by one into the graph (a third
-    less time for the demo pack)."""
-    found = conn.execute(
-        "select indexname, indexdef from pg_indexes"
-        " where schemaname = %s and tablename = %s and indexdef like '%% USING hnsw %%'",
-        (source.table_schema, source.table_name),
-    ).fetchall()
-    for name, _ in found:
-        conn.execute(
-            sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(name))
-        )
-    yield
-    for _, definition in found:
-        conn.execute(definition)  # as pg_get_indexdef wrote it: schema-qualified and quoted
-
-
 def import_pack(
     conn: psycopg.Connection[Any],
     path: Path,
@@ -430,8 +412,10 @@ def import_pack(
                     bar.update(1)
 
             try:
-                with _vector_indexes_built_after(conn, source), conn.cursor() as cur:
+                drop_vector_index(conn, source)  # built again below over all the rows, in this transaction
+                with conn.cursor() as cur:
                     written = copy_chunks(cur, source, rows())
+                ensure_vector_index(conn, source)
             except psycopg.errors.UniqueViolation as exc:
                 raise StorageContentError(
                     f"{path}: a (doc_id, chunk) pair appears twice; nothing was imported", path="pack"

@@ -5,6 +5,7 @@ re-ingestion, user-supplied vectors and concurrent writers."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import random
 import re
 import threading
@@ -560,6 +561,117 @@ def test_a_bulk_ingestion_leaves_its_tables_vacuumed_and_analyzed(
     with conn.transaction():
         analyze_source(conn, get_source(conn, "bulk"))
     assert_lexical_ok(conn, "bulk")
+
+
+def vector_index(conn: psycopg.Connection[Any], name: str) -> str | None:
+    """The definition of source `name`'s HNSW index, or None."""
+    row = conn.execute(
+        "select indexdef from pg_indexes where schemaname = 'agentdb_docs' and tablename = %s"
+        " and indexdef like '%% USING hnsw %%'",
+        (name,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def vector_records(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {"_id": f"v{i}", "text": f"gamma delta w{i}", "embedding": rng.normal(size=384).tolist()}
+        for i in range(n)
+    ]
+
+
+def nearest(conn: psycopg.Connection[Any], name: str, vector: Any) -> tuple[str, str]:
+    """The nearest chunk's document to `vector` by the HNSW index (sequential scans off), and the plan."""
+    with conn.transaction():
+        conn.execute("set local enable_seqscan = off")
+        query = (
+            f"select doc_id from agentdb_docs.{name}"  # noqa: S608 - a test's own source name
+            " order by agentdb_embedding <=> %s::vector limit 1"
+        )
+        plan = "\n".join(r[0] for r in conn.execute("explain " + query, (str(list(vector)),)).fetchall())
+        row = conn.execute(query, (str(list(vector)),)).fetchone()
+    assert row is not None
+    return str(row[0]), plan
+
+
+def test_a_new_source_is_loaded_without_its_vector_index_and_gets_it_after(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingestion into a source it creates writes the rows first and builds the HNSW index once over all of
+    them (faster than inserting each vector into the graph); into an existing source it writes into the index."""
+    pipeline = importlib.import_module("agentdb.ingest.pipeline")  # (agentdb.ingest is also a function)
+
+    during: list[str | None] = []
+    real_write = pipeline.write_documents
+
+    def observed_write(*args: Any, **kwargs: Any) -> Any:
+        during.append(vector_index(conn, "fresh"))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_documents", observed_write)
+    records = vector_records(80, 5)
+    ingest(
+        conn, "fresh", read_records(write_jsonl(tmp_path / "a.jsonl", records[:70])), embedder, progress=False
+    )
+    assert during == [None]
+    definition = vector_index(conn, "fresh")
+    assert definition is not None and "(agentdb_embedding vector_cosine_ops)" in definition
+    assert nearest(conn, "fresh", records[42]["embedding"])[0] == "v42"
+    ingest(
+        conn, "fresh", read_records(write_jsonl(tmp_path / "b.jsonl", records[70:])), embedder, progress=False
+    )
+    assert during == [None, definition]
+    doc, plan = nearest(conn, "fresh", records[75]["embedding"])
+    assert doc == "v75" and "fresh_agentdb_hnsw" in plan
+    assert_lexical_ok(conn, "fresh")
+
+
+def test_a_failed_load_into_a_new_source_still_builds_its_vector_index(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that fails ends the ingestion; the batches before it stay (each is its own transaction), and
+    the source gets its vector index over them."""
+    pipeline = importlib.import_module("agentdb.ingest.pipeline")  # (agentdb.ingest is also a function)
+
+    real_copy = pipeline.copy_chunks
+    calls: list[int] = []
+
+    def failing_copy(*args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the second batch fails")
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "copy_chunks", failing_copy)
+    records = vector_records(70, 6)  # batches of 64 documents: the second one fails
+    with pytest.raises(RuntimeError, match="second batch"):
+        ingest(
+            conn, "broken", read_records(write_jsonl(tmp_path / "a.jsonl", records)), embedder, progress=False
+        )
+    assert conn.execute("select count(*) from agentdb_docs.broken").fetchone() == (64,)
+    assert vector_index(conn, "broken") is not None
+    doc, plan = nearest(conn, "broken", records[10]["embedding"])
+    assert doc == "v10" and "broken_agentdb_hnsw" in plan
+    assert_lexical_ok(conn, "broken")
+
+
+def test_an_ingestion_builds_a_vector_index_a_dead_load_left_out(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
+) -> None:
+    """A process that died while loading a new source leaves it without its vector index; the next
+    ingestion into the source builds it before writing."""
+    records = vector_records(6, 7)
+    ingest(
+        conn, "orphan", read_records(write_jsonl(tmp_path / "a.jsonl", records[:5])), embedder, progress=False
+    )
+    conn.execute("drop index agentdb_docs.orphan_agentdb_hnsw")  # what the dead load left
+    ingest(
+        conn, "orphan", read_records(write_jsonl(tmp_path / "b.jsonl", records[5:])), embedder, progress=False
+    )
+    assert vector_index(conn, "orphan") is not None
+    doc, plan = nearest(conn, "orphan", records[2]["embedding"])
+    assert doc == "v2" and "orphan_agentdb_hnsw" in plan
 
 
 def test_other_model_source_refuses_model_embedding(

@@ -36,6 +36,8 @@ from agentdb.sources import (
     check_source_name,
     coerce_value,
     create_document_source,
+    drop_vector_index,
+    ensure_vector_index,
     get_source,
     optimize_source,
     record_embedding_backends,
@@ -408,6 +410,7 @@ def ingest(
             path=bad[0].path,
             hint="fix the rows reported, or check the file's format (delimiter, quotes, header)",
         )
+    created = False
     if source is None:
         assert embedder is not None
         try:
@@ -419,15 +422,28 @@ def ingest(
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
             )
+            created = True
         except (StorageKindMismatch, psycopg.errors.UniqueViolation):
             # Another ingestion created it meanwhile: write into theirs (add_fields checks the field types).
             source = get_source(conn, source_name)
     _check_embedder(source, documents, embedder)
     with conn.transaction():
         source = add_fields(conn, source, new_fields)
-    write_documents(
-        conn, source, documents, embedder, progress=progress, report=report, write_scope=write_scope
-    )
+    # A source this call created is loaded without its vector index, which is built once over all its rows
+    # afterwards, even when a batch fails (the batches written before it stay). A process that dies in
+    # between leaves the index out; the next ingestion into the source builds it first.
+    if created:
+        drop_vector_index(conn, source)
+    else:
+        ensure_vector_index(conn, source)
+    try:
+        write_documents(
+            conn, source, documents, embedder, progress=progress, report=report, write_scope=write_scope
+        )
+    finally:
+        # (In a caller's transaction that failed, its rollback takes the drop back.)
+        if created and conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+            ensure_vector_index(conn, source)
     if report.chunks >= ANALYZE_AFTER_CHUNKS:
         analyze_source(conn, source)
     report.seconds = time.perf_counter() - started
