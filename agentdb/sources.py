@@ -309,11 +309,16 @@ def drop_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
 
 
 def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
-    """Build the source's HNSW index if it is missing (after drop_vector_index, or when a process died
-    during a load that had dropped it). Looked up in the catalog first: CREATE INDEX IF NOT EXISTS would
-    take a lock that waits for the table's writers even when the index is there."""
-    found = conn.execute("select to_regclass(%s)", (_vector_index(source).as_string(conn),)).fetchone()
-    if found is not None and found[0] is not None:
+    """Build the source's HNSW index if its table has none (after drop_vector_index, or when a process died
+    during a load that had dropped it); any HNSW index of the table counts (a memory store's records have
+    one of another name). Looked up in the catalog first: CREATE INDEX IF NOT EXISTS would take a lock that
+    waits for the table's writers even when the index is there."""
+    found = conn.execute(
+        "select exists (select 1 from pg_index i join pg_class c on c.oid = i.indexrelid"
+        " join pg_am a on a.oid = c.relam where i.indrelid = to_regclass(%s) and a.amname = 'hnsw')",
+        (source.table.as_string(conn),),
+    ).fetchone()
+    if found is not None and found[0]:
         return
     conn.execute(
         sql.SQL(

@@ -674,6 +674,35 @@ def test_an_ingestion_builds_a_vector_index_a_dead_load_left_out(
     assert doc == "v2" and "orphan_agentdb_hnsw" in plan
 
 
+def test_any_hnsw_index_of_a_table_counts_as_its_vector_index(
+    conn: psycopg.Connection[Any], embedder: Any
+) -> None:
+    """A memory store's records table has its HNSW index under a name of its own: ensuring a vector index
+    adds no second one."""
+    from agentdb.memory import StoreSpec, write_records
+    from agentdb.sources import ensure_vector_index
+
+    write_records(
+        conn,
+        "ensure_{var.u}",
+        [{"text": "one note"}],
+        variables={"u": "a"},
+        embedder=embedder,
+        spec=StoreSpec(schema="n"),
+    )
+    name, table = conn.execute(
+        "select name, format('%I.%I', table_schema, table_name) from agentdb.sources"
+        " where table_schema = 'agentdb_memory' order by id desc limit 1"
+    ).fetchone()
+    hnsw = (
+        "select count(*) from pg_index i join pg_class c on c.oid = i.indexrelid join pg_am a on a.oid = c.relam"
+        " where i.indrelid = %s::regclass and a.amname = 'hnsw'"
+    )
+    assert conn.execute(hnsw, (table,)).fetchone() == (1,)
+    ensure_vector_index(conn, get_source(conn, name))
+    assert conn.execute(hnsw, (table,)).fetchone() == (1,)
+
+
 def test_other_model_source_refuses_model_embedding(
     conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
 ) -> None:
