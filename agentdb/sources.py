@@ -309,20 +309,30 @@ def drop_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
 def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
     """Build the source's HNSW index if its table has none (after drop_vector_index, or when a process died
     during a load that had dropped it); any HNSW index of the table counts (a memory store's records have
-    one of another name). Looked up in the catalog first: CREATE INDEX IF NOT EXISTS would take a lock that
-    waits for the table's writers even when the index is there."""
+    one of another name). Looked up in the catalog first, without a lock: CREATE INDEX IF NOT EXISTS would
+    take one that waits for the table's writers even when the index is there. When it is missing, the table
+    is locked against other builders (SHARE ROW EXCLUSIVE conflicts with itself) and the catalog read again,
+    so that two ingestions finishing together build it once; a table lock rather than an advisory one, since
+    the server reorders the waits of a builder that already writes into the table instead of deadlocking."""
+    if _has_vector_index(conn, source):
+        return
+    with conn.transaction():
+        conn.execute(sql.SQL("lock table {} in share row exclusive mode").format(source.table))
+        if not _has_vector_index(conn, source):
+            conn.execute(
+                sql.SQL(
+                    "create index {name} on {table} using hnsw (agentdb_embedding vector_cosine_ops)"
+                ).format(name=sql.Identifier(_vector_index_name(source)), table=source.table)
+            )
+
+
+def _has_vector_index(conn: psycopg.Connection[Any], source: Source) -> bool:
     found = conn.execute(
         "select exists (select 1 from pg_index i join pg_class c on c.oid = i.indexrelid"
         " join pg_am a on a.oid = c.relam where i.indrelid = to_regclass(%s) and a.amname = 'hnsw')",
         (source.table.as_string(conn),),
     ).fetchone()
-    if found is not None and found[0]:
-        return
-    conn.execute(
-        sql.SQL(
-            "create index if not exists {name} on {table} using hnsw (agentdb_embedding vector_cosine_ops)"
-        ).format(name=sql.Identifier(_vector_index_name(source)), table=source.table)
-    )
+    return found is not None and bool(found[0])
 
 
 def _create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:

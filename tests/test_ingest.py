@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 import psycopg
 import pytest
+from psycopg import sql
 
 from agentdb.db.pool import configure
 from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError, StorageKindMismatch
@@ -701,6 +702,68 @@ def test_any_hnsw_index_of_a_table_counts_as_its_vector_index(
     assert conn.execute(hnsw, (table,)).fetchone() == (1,)
     ensure_vector_index(conn, get_source(conn, name))
     assert conn.execute(hnsw, (table,)).fetchone() == (1,)
+
+
+def hnsw_indexes(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute(
+        "select count(*) from pg_indexes where schemaname = 'agentdb_docs' and tablename = %s"
+        " and indexdef like '%% USING hnsw %%'",
+        (name,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_until_blocked(conn: psycopg.Connection[Any], pid: int) -> None:
+    """Wait until backend `pid` waits for a lock (at most 30 s)."""
+    for _ in range(600):
+        row = conn.execute("select wait_event_type from pg_stat_activity where pid = %s", (pid,)).fetchone()
+        if row is not None and row[0] == "Lock":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+@pytest.mark.parametrize("first_writes", [False, True], ids=["two-builders", "builder-already-writing"])
+def test_two_ingestions_ensuring_the_vector_index_at_once_build_it_once(
+    conn: psycopg.Connection[Any], db_url: str, embedder: Any, first_writes: bool
+) -> None:
+    """Two ingestions that both find the index missing (one finishing a load into the source it created, the
+    other starting one): the second waits for the first's build and then finds it, instead of failing on
+    the index's name. When the first already holds a writer's lock on the table in its own transaction,
+    the server lets it go ahead of the waiting builder rather than deadlocking."""
+    from agentdb.sources import drop_vector_index, ensure_vector_index
+
+    name = f"twice_{int(first_writes)}"
+    source = create_document_source(
+        conn, name, embedding_model=embedder.model_name, embedding_dim=embedder.dim
+    )
+    drop_vector_index(conn, source)
+    errors: list[BaseException] = []
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url, autocommit=True) as second:
+        configure(first)
+        configure(second)
+
+        def build_second() -> None:
+            try:
+                ensure_vector_index(second, source)
+            except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=build_second)
+        if first_writes:
+            first.execute(sql.SQL("lock table {} in row exclusive mode").format(source.table))
+            thread.start()
+            wait_until_blocked(conn, second.info.backend_pid)
+            ensure_vector_index(first, source)
+        else:
+            ensure_vector_index(first, source)
+            thread.start()
+            wait_until_blocked(conn, second.info.backend_pid)
+        first.commit()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and errors == []
+    assert hnsw_indexes(conn, name) == 1
 
 
 def test_other_model_source_refuses_model_embedding(
