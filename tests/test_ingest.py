@@ -695,20 +695,17 @@ def test_any_hnsw_index_of_a_table_counts_as_its_vector_index(
         "select name, format('%I.%I', table_schema, table_name) from agentdb.sources"
         " where table_schema = 'agentdb_memory' order by id desc limit 1"
     ).fetchone()
-    hnsw = (
-        "select count(*) from pg_index i join pg_class c on c.oid = i.indexrelid join pg_am a on a.oid = c.relam"
-        " where i.indrelid = %s::regclass and a.amname = 'hnsw'"
-    )
-    assert conn.execute(hnsw, (table,)).fetchone() == (1,)
+    assert hnsw_indexes(conn, table) == 1
     ensure_vector_index(conn, get_source(conn, name))
-    assert conn.execute(hnsw, (table,)).fetchone() == (1,)
+    assert hnsw_indexes(conn, table) == 1
 
 
-def hnsw_indexes(conn: psycopg.Connection[Any], name: str) -> int:
+def hnsw_indexes(conn: psycopg.Connection[Any], table: str) -> int:
+    """How many HNSW indexes table `table` (schema-qualified) has."""
     row = conn.execute(
-        "select count(*) from pg_indexes where schemaname = 'agentdb_docs' and tablename = %s"
-        " and indexdef like '%% USING hnsw %%'",
-        (name,),
+        "select count(*) from pg_index i join pg_class c on c.oid = i.indexrelid join pg_am a on a.oid = c.relam"
+        " where i.indrelid = %s::regclass and a.amname = 'hnsw'",
+        (table,),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -763,7 +760,7 @@ def test_two_ingestions_ensuring_the_vector_index_at_once_build_it_once(
         first.commit()
         thread.join(timeout=60)
     assert not thread.is_alive() and errors == []
-    assert hnsw_indexes(conn, name) == 1
+    assert hnsw_indexes(conn, f"agentdb_docs.{name}") == 1
 
 
 def test_other_model_source_refuses_model_embedding(
