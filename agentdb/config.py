@@ -36,7 +36,10 @@ class Settings:
     pool_min_size: int = 1
     pool_max_size: int = 10
     statement_timeout_ms: int = 30_000
+    # The body limit of the bulk uploads (documents, explicit edges, memory records, entities, relations)...
     max_body_bytes: int = 32 * 1024 * 1024
+    # ... and of every other request (a retrieval request, a saved agent, a navigation: kilobytes).
+    max_request_bytes: int = 1024 * 1024
     # Extra Host names and Origins a keyless (no principals) server answers besides its own loopback ones.
     allowed_hosts: tuple[str, ...] = ()
     # Serve without principals on a non-loopback bind (a container whose port is published only on the
@@ -75,6 +78,7 @@ class Settings:
             embed_backend=env.get("AGENTDB_EMBED_BACKEND", "auto").strip().lower() or "auto",
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
+            max_request_bytes=int(env.get("AGENTDB_MAX_REQUEST_BYTES", str(1024 * 1024))),
             allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),
             allow_open=env.get("AGENTDB_ALLOW_OPEN", "") in ("1", "true", "yes"),
             embed_interval_s=float(env.get("AGENTDB_EMBED_INTERVAL_S", "2")),

@@ -63,6 +63,18 @@ class PayloadTooLarge(AgentDBError):
     code, name, http_status = 1413, "PayloadTooLarge", 413
 
 
+class UnsupportedMediaType(AgentDBError):
+    """A request body whose Content-Type is not one the endpoint reads (JSON, or NDJSON for uploads)."""
+
+    code, name, http_status = 1415, "UnsupportedMediaType", 415
+
+
+class TooManyRequests(AgentDBError):
+    """The caller already holds its share of the server's connections; sent with Retry-After."""
+
+    code, name, http_status = 1429, "TooManyRequests", 429
+
+
 class InvalidAgentId(AgentDBError):
     code, name, http_status = 3001, "InvalidAgentId", 404
 
@@ -130,6 +142,8 @@ ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {
         Forbidden,
         Conflict,
         PayloadTooLarge,
+        UnsupportedMediaType,
+        TooManyRequests,
         InvalidAgentId,
         GraphCompilationFailed,
         AgentBusy,

@@ -18,7 +18,11 @@
 --
 -- Principals' roles cannot read agentdb.indexes or agentdb.edges: agentdb.neighbors and agentdb.index_roots,
 -- run in the caller's role, take keys from the SECURITY DEFINER agentdb_internal.index_edges and
--- index_root_keys and keep only those the one scoped reader (agentdb.read) returns to the caller.
+-- index_root_keys and keep only those the one scoped reader (agentdb.read) returns to the caller. Everything
+-- an index shows a role (its edges, roots, edge counts and check) is computed over the rows that role may
+-- read (agentdb_internal.index_reader_rows): for a principal, an edge belongs to it when its owner (a tree
+-- edge's child, any other edge's origin) is one of its rows, and an end it cannot read is treated exactly as
+-- an end that names no document.
 
 -- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
 -- would leave an older overload behind and make calls ambiguous. The helpers that take or return SQL text,
@@ -32,7 +36,8 @@ begin
                and p.proname in ('index_value_keys', 'index_row_sql', 'index_edges_sql', 'index_add_sql',
                                  'index_remove_sql', 'index_sync_sql', 'index_source', 'index_get', 'index_create',
                                  'index_drop', 'index_list', 'index_add_edges', 'index_check', 'index_rebuild',
-                                 'index_edges', 'index_root_keys', 'index_roots', 'neighbors')
+                                 'index_edges', 'index_root_keys', 'index_roots', 'neighbors',
+                                 'index_reader_rows', 'index_field_granted')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -185,6 +190,58 @@ begin
 end;
 $$;
 
+-- The rows of source `src` that the active role (the `role` setting, else the session user) may read, as a
+-- relation to select from: the table itself for a role that reads every row (agentdb itself, an analyst's
+-- login, a principal whose row filter admits every row or in its own memory store); for any other principal
+-- a subquery applying the predicate of its policy on the table (agentdb.principal_policy_sql, the same
+-- compiler, as the block reader applies it), since the SECURITY DEFINER functions that call this read as the
+-- owner, whom row security does not limit. Null when the role may not read the table.
+-- A principal's source whose table has row security policies that are not
+-- agentdb's fails closed (9002): those the predicate cannot apply.
+create or replace function agentdb_internal.index_reader_rows(src agentdb.sources) returns text
+language plpgsql stable as $$
+declare
+    who name := coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name;
+    rel text := format('%I.%I', src.table_schema, src.table_name);
+    p agentdb.principals;
+    pred text;
+begin
+    if not has_any_column_privilege(who, rel::regclass, 'SELECT') then
+        return null;
+    end if;
+    select * into p from agentdb.principals x where x.role = who;
+    if p.id is null
+       or exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner = p.id) then
+        return rel;
+    end if;
+    if not src.name = any (p.tables) then
+        return null;
+    end if;
+    pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
+    if cardinality(agentdb.principal_foreign_policies(rel::regclass)) > 0 then
+        perform agentdb.raise_error(9002, 'DatabaseSetupError',
+            format('the table of source %L has row security policies that are not agentdb''s, which its index'
+                   ' reads for principals cannot apply', src.name), 'source',
+            'drop those policies, or serve this source without indexes to principals');
+    end if;
+    if pred = 'true' then
+        return rel;
+    end if;
+    -- The table keeps its name inside (no alias): the predicate refers to its columns as schema.table.column.
+    return format('(select * from %s where %s)', rel, pred);
+end;
+$$;
+
+-- Whether the active role may see an index over field `field`: not a principal's role whose field grant
+-- leaves the field out (the edges would show its values).
+create or replace function agentdb_internal.index_field_granted(field text) returns boolean
+language sql stable as $$
+select field is null or not exists (
+    select 1 from agentdb.principals p
+    where p.role = coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name
+      and p.fields is not null and not field = any (p.fields))
+$$;
+
 -- Index `index_name` of source `src` (3010 at `index` when there is none).
 create or replace function agentdb_internal.index_get(src agentdb.sources, index_name text) returns agentdb.indexes
 language plpgsql stable as $$
@@ -287,17 +344,41 @@ begin
 end;
 $$;
 
--- The indexes of source `source` with their edge counts.
+-- The indexes of source `source` with their edge counts, as the active role sees them: an index over a field
+-- outside a principal's grant is left out, and a principal counts the edges its rows own. Nothing when the
+-- role may not read the source. SECURITY DEFINER over agentdb.indexes and agentdb.edges (see
+-- index_reader_rows).
 create or replace function agentdb.index_list(source text)
 returns table (name text, kind text, field text, edge_type text, edges bigint, created_at timestamptz)
-language plpgsql stable as $$
+language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
     src agentdb.sources := agentdb_internal.index_source(index_list.source);
+    idx agentdb.indexes;
+    readable text;
+    r record;
+    rel text := format('%I.%I', src.table_schema, src.table_name);
 begin
-    return query
-    select i.name, i.kind, i.field, i.edge_type,
-           (select count(*) from agentdb.edges e where e.source_id = i.source_id and e.index_id = i.id), i.created_at
-    from agentdb.indexes i where i.source_id = src.id order by i.name;
+    readable := agentdb_internal.index_reader_rows(src);
+    select * into r from agentdb_internal.index_row_sql(src, null, 'c');
+    for idx in select * from agentdb.indexes i where i.source_id = src.id order by i.name loop
+        continue when readable is null or not agentdb_internal.index_field_granted(idx.field);
+        if readable = rel then
+            select count(*) into edges from agentdb.edges e where e.source_id = src.id and e.index_id = idx.id;
+        else
+            execute format($q$
+                select count(*) from agentdb.edges e
+                where e.source_id = $1 and e.index_id = $2
+                  and exists (select 1 from %s c where %s = e.%I and (%s))
+                $q$, readable, r.key_expr, case when idx.kind = 'tree' then 'to_key' else 'from_key' end, r.node_expr)
+            into edges using src.id, idx.id;
+        end if;
+        name := idx.name;
+        kind := idx.kind;
+        field := idx.field;
+        edge_type := idx.edge_type;
+        created_at := idx.created_at;
+        return next;
+    end loop;
 end;
 $$;
 
@@ -383,15 +464,19 @@ $$;
 -- Compare the edges of source `source`'s index `index` (every index when null) with what its documents imply:
 -- per index, `missing` (implied, not stored) and `extra` (stored, not implied) count field-derived edges
 -- (always 0 for explicit edges), `dangling` counts edges with an end that names no document (kept: the
--- document may arrive later; not a mismatch). missing and extra are 0 after any sequence of writes.
+-- document may arrive later; not a mismatch). missing and extra are 0 after any sequence of writes. As the
+-- active role sees it (index_reader_rows): a principal compares the edges its rows own with what its rows
+-- imply, and an end it cannot read dangles as one that names no document. SECURITY DEFINER, as index_list.
 create or replace function agentdb.index_check(source text, index text default null)
 returns table (index_name text, what text, mismatches bigint)
-language plpgsql stable as $$
+language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
     src agentdb.sources := agentdb_internal.index_source(index_check.source);
     idx agentdb.indexes;
     r record;
     tbl text := format('%I.%I', src.table_schema, src.table_name);
+    readable text;
+    owned text;
     missing bigint;
     extra bigint;
     dangling bigint;
@@ -399,29 +484,34 @@ begin
     if index_check.index is not null then
         perform agentdb_internal.index_get(src, index_check.index);
     end if;
+    readable := agentdb_internal.index_reader_rows(src);
     select * into r from agentdb_internal.index_row_sql(src, null, 'c');
     for idx in select * from agentdb.indexes i
                where i.source_id = src.id and (index_check.index is null or i.name = index_check.index)
                order by i.name loop
+        continue when readable is null or not agentdb_internal.index_field_granted(idx.field);
+        -- A principal's part of the stored edges: those its rows own.
+        owned := case when readable = tbl then 'true' else format('exists (select 1 from %s c where %s = e.%I and (%s))',
+                      readable, r.key_expr, case when idx.kind = 'tree' then 'to_key' else 'from_key' end, r.node_expr) end;
         missing := 0;
         extra := 0;
         if idx.field is not null then
             execute format($q$
                 with expected as (select x.from_key, %L::text as edge_type, x.to_key from (%s) x),
                 stored as (select e.from_key, e.edge_type, e.to_key from agentdb.edges e
-                           where e.source_id = $1 and e.index_id = $2)
+                           where e.source_id = $1 and e.index_id = $2 and (%s))
                 select (select count(*) from (select * from expected except select * from stored) d),
                        (select count(*) from (select * from stored except select * from expected) d)
-                $q$, idx.edge_type, agentdb_internal.index_edges_sql(src, idx, tbl))
+                $q$, idx.edge_type, agentdb_internal.index_edges_sql(src, idx, readable), owned)
             into missing, extra using src.id, idx.id;
         end if;
         execute format($q$
             with nodes as (select distinct %s as key from %s c where (%s))
             select count(*) from agentdb.edges e
-            where e.source_id = $1 and e.index_id = $2
+            where e.source_id = $1 and e.index_id = $2 and (%s)
               and (not exists (select 1 from nodes n where n.key = e.from_key)
                    or not exists (select 1 from nodes n where n.key = e.to_key))
-            $q$, r.key_expr, tbl, r.node_expr)
+            $q$, r.key_expr, readable, r.node_expr, owned)
         into dangling using src.id, idx.id;
         index_name := idx.name;
         what := 'missing';
@@ -466,10 +556,10 @@ $$;
 -- The edges at `key` in index `index_name` of source `source_id` for agentdb.neighbors: the key at the other end,
 -- the edge type and the weight (the largest when a key is reached both ways), out from the key, in to it, or
 -- both, of the types `edge_types` (null = any). SECURITY DEFINER over agentdb.edges, which principals' roles
--- cannot read; empty unless the active role (the `role` setting, else the session user) may read a column
--- of the source's table. It does not know which rows the caller may read: agentdb.neighbors keeps only the
--- keys agentdb.read returns to the caller, and principals never send SQL themselves. 3010 at `index` when
--- the source has no such index.
+-- cannot read; for the rows the active role may read (index_reader_rows): empty unless it may read the
+-- source, and for a principal limited to some rows nothing unless `key` is one of them, and only the edges
+-- whose other end is one too. agentdb.neighbors also keeps only the keys agentdb.read returns to the caller
+-- under its filters. 3010 at `index` when the source has no such index.
 create or replace function agentdb_internal.index_edges(
     source_id int, index_name text, key text, direction text, edge_types text[]
 ) returns table (neighbor text, edge_type text, weight float8)
@@ -477,25 +567,39 @@ language plpgsql stable security definer set search_path = pg_catalog, pg_temp a
 declare
     src agentdb.sources;
     idx agentdb.indexes;
+    readable text;
+    r record;
 begin
     select * into src from agentdb.sources s where s.id = index_edges.source_id;
-    if not found or not has_any_column_privilege(
-            coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
-            format('%I.%I', src.table_schema, src.table_name)::regclass, 'SELECT') then
+    if not found then
+        return;
+    end if;
+    readable := agentdb_internal.index_reader_rows(src);
+    if readable is null then
         return;
     end if;
     idx := agentdb_internal.index_get(src, index_name);
-    return query
+    if not agentdb_internal.index_field_granted(idx.field) then
+        return;
+    end if;
+    select * into r from agentdb_internal.index_row_sql(src, null, 'c');
+    return query execute format($q$
     select x.k, x.t, max(x.w) from (
         select e.to_key, e.edge_type, e.weight from agentdb.edges e
-        where direction in ('out', 'both') and e.source_id = src.id and e.index_id = idx.id
-          and e.from_key = index_edges.key and (edge_types is null or e.edge_type = any (edge_types))
+        where $4 in ('out', 'both') and e.source_id = $1 and e.index_id = $2
+          and e.from_key = $3 and ($5 is null or e.edge_type = any ($5))
         union all
         select e.from_key, e.edge_type, e.weight from agentdb.edges e
-        where direction in ('in', 'both') and e.source_id = src.id and e.index_id = idx.id
-          and e.to_key = index_edges.key and (edge_types is null or e.edge_type = any (edge_types))
+        where $4 in ('in', 'both') and e.source_id = $1 and e.index_id = $2
+          and e.to_key = $3 and ($5 is null or e.edge_type = any ($5))
     ) x(k, t, w)
-    group by x.k, x.t;
+    where %s
+    group by x.k, x.t $q$,
+        case when readable = format('%I.%I', src.table_schema, src.table_name) then 'true'
+             else format('exists (select 1 from %1$s c where %2$s = $3 and (%3$s))'
+                         ' and exists (select 1 from %1$s c where %2$s = x.k and (%3$s))',
+                         readable, r.key_expr, r.node_expr) end)
+    using src.id, idx.id, key, direction, edge_types;
 end;
 $$;
 
@@ -574,31 +678,38 @@ $$;
 -- The roots of index `index_name` of source `source_id` for agentdb.index_roots: the documents no other
 -- document points to (a tree's nodes without a parent document; a parent that names no document, or the node
 -- itself, makes a root too). In an index of explicit edges, only documents with an edge of their own count.
--- SECURITY DEFINER over agentdb.edges, gated like index_edges; it does not know which rows the caller may read.
+-- SECURITY DEFINER over agentdb.edges, gated like index_edges, over the rows the active role may read: a
+-- node whose parent is hidden from the role is one of its roots, exactly as one whose parent is missing.
 create or replace function agentdb_internal.index_root_keys(source_id int, index_name text)
 returns table (key text)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
     src agentdb.sources;
     idx agentdb.indexes;
+    readable text;
     r record;
 begin
     select * into src from agentdb.sources s where s.id = index_root_keys.source_id;
-    if not found or not has_any_column_privilege(
-            coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
-            format('%I.%I', src.table_schema, src.table_name)::regclass, 'SELECT') then
+    if not found then
+        return;
+    end if;
+    readable := agentdb_internal.index_reader_rows(src);
+    if readable is null then
         return;
     end if;
     idx := agentdb_internal.index_get(src, index_name);
+    if not agentdb_internal.index_field_granted(idx.field) then
+        return;
+    end if;
     select * into r from agentdb_internal.index_row_sql(src, null, 'c');
     return query execute format($q$
-        with nodes as materialized (select distinct %s as key from %s.%s c where (%s))
+        with nodes as materialized (select distinct %s as key from %s c where (%s))
         select n.key from nodes n
         where not exists (select 1 from agentdb.edges e join nodes p on p.key = e.from_key
                           where e.source_id = $1 and e.index_id = $2 and e.to_key = n.key and e.from_key <> n.key)
           and ($3 or exists (select 1 from agentdb.edges e
                              where e.source_id = $1 and e.index_id = $2 and (e.from_key = n.key or e.to_key = n.key)))
-        $q$, r.key_expr, quote_ident(src.table_schema), quote_ident(src.table_name), r.node_expr)
+        $q$, r.key_expr, readable, r.node_expr)
     using src.id, idx.id, idx.field is not null;
 end;
 $$;

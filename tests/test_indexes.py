@@ -667,8 +667,9 @@ def test_neighbors_under_a_row_filter_show_only_visible_keys(
         assert {n.key for n in neighbors(scoped, "t", "sections", "a1")} == {"a2"}  # g1 is hidden
         assert neighbors(scoped, "t", "sections", "a3", direction="in") == []  # its parent g1 is hidden
         assert neighbors(scoped, "t", "xref", "a1", max=1)[0].key == "a2"  # max counts visible keys only
-        assert roots(scoped, "t", "sections") == ["a1"]
-        assert roots(scoped, "t", "sections", row_filter={"tenant": "acme"}) == ["a1"]
+        # a3's parent g1 is hidden: a3 is a root, as it would be with a parent that names no document
+        assert roots(scoped, "t", "sections") == ["a1", "a3"]
+        assert roots(scoped, "t", "sections", row_filter={"tenant": "acme"}) == ["a1", "a3"]
     # The role cannot read the edges or the index catalog itself.
     for statement in ["select * from agentdb.edges", "select * from agentdb.indexes"]:
         with pytest.raises(psycopg.errors.InsufficientPrivilege), principal_scope(conn, principal) as scoped:
@@ -707,6 +708,94 @@ def test_neighbors_never_show_a_key_outside_the_grant(
                     inn = {keys[a] for a, b in edges if keys[b] == key}
                     want = {"out": out, "in": inn, "both": out | inn}[direction]
                     assert got == want & visible
+
+
+def index_views(scoped: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Everything an index shows the connection's role: roots, edge counts, checks, and the internal readers'
+    edges and roots as an analyst's SQL (or a principal's role) would call them."""
+    source_id = scoped.execute("select id from agentdb.sources where name = 't'").fetchone()[0]  # type: ignore[index]
+    keys = [f"n{i}" for i in range(5)] + ["a1", "a2", "a3", "g1", "g2", "zz"]
+    return {
+        "roots": roots(scoped, "t", "sections"),
+        "counts": {i.name: i.edges for i in list_indexes(scoped, "t")},
+        "checks": {c.index: (c.missing, c.extra, c.dangling) for c in check_indexes(scoped, "t")},
+        "root_keys": sorted(
+            r[0]
+            for r in scoped.execute(
+                "select key from agentdb_internal.index_root_keys(%s, 'sections')", (source_id,)
+            ).fetchall()
+        ),
+        "edges": sorted(
+            (index, key, *r)
+            for index in ("sections", "xref")
+            for key in keys
+            for r in scoped.execute(
+                "select neighbor, edge_type from agentdb_internal.index_edges(%s, %s, %s, 'both', null)",
+                (source_id, index, key),
+            ).fetchall()
+        ),
+    }
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tenant_of=st.lists(st.sampled_from(["acme", "globex"]), min_size=5, max_size=5),
+    parent_of=st.lists(st.one_of(st.none(), st.integers(0, 4), st.just(9)), min_size=5, max_size=5),
+    links_of=st.lists(st.lists(st.one_of(st.integers(0, 4), st.just(9)), max_size=3), min_size=5, max_size=5),
+)
+def test_every_view_of_an_index_is_computed_over_the_callers_rows(
+    conn: psycopg.Connection[Any],
+    tenants: Any,
+    tenant_of: list[str],
+    parent_of: list[int | None],
+    links_of: list[list[int]],
+) -> None:
+    """A principal's roots, edge counts, checks and internal edge readers are those of a database holding its
+    rows only: a document it cannot read is exactly a key that names no document (9: `zz`)."""
+    principal = tenants[0]
+    name = [f"n{i}" for i in range(5)] + ["", "", "", "", "zz"]
+
+    def load(target: psycopg.Connection[Any], only_acme: bool) -> None:
+        target.execute("delete from agentdb_docs.t")
+        for i, tenant in enumerate(tenant_of):
+            if only_acme and tenant != "acme":
+                continue
+            meta: dict[str, Any] = {"tenant": tenant, "links": [name[k] for k in links_of[i]]}
+            if parent_of[i] is not None:
+                meta["parent"] = name[parent_of[i]]  # type: ignore[index]
+            put(target, name[i], meta)
+
+    with conn.transaction(force_rollback=True):
+        load(conn, only_acme=False)
+        with principal_scope(conn, principal) as scoped:
+            seen = index_views(scoped)
+    with conn.transaction(force_rollback=True):
+        load(conn, only_acme=True)  # the same documents without the rows acme cannot read
+        with principal_scope(conn, principal) as scoped:
+            alone = index_views(scoped)
+    assert seen == alone
+
+
+def test_a_hidden_parent_looks_like_a_missing_one_over_http(
+    conn: psycopg.Connection[Any], tenants: Any, client: TestClient
+) -> None:
+    """The issue's probe: acme's documents under a hidden parent and under a missing one count alike."""
+    _, key, _, _ = tenants
+    auth = {"Authorization": f"Bearer {key}"}
+    before = client.get("/sources/t/indexes/sections/check", headers=auth).json()["dangling"]
+    counts = {i["name"]: i["edges"] for i in client.get("/sources/t/indexes", headers=auth).json()}
+    put(conn, "a7", {"tenant": "acme", "parent": "g2"})  # g2 exists, for globex
+    hidden = client.get("/sources/t/indexes/sections/check", headers=auth).json()["dangling"]
+    hidden_counts = {i["name"]: i["edges"] for i in client.get("/sources/t/indexes", headers=auth).json()}
+    conn.execute("delete from agentdb_docs.t where doc_id = 'a7'")
+    put(conn, "a7", {"tenant": "acme", "parent": "g99"})  # no such document
+    missing = client.get("/sources/t/indexes/sections/check", headers=auth).json()["dangling"]
+    missing_counts = {i["name"]: i["edges"] for i in client.get("/sources/t/indexes", headers=auth).json()}
+    assert hidden == missing == before + 1
+    assert hidden_counts == missing_counts and missing_counts["sections"] == counts["sections"] + 1
+    # acme reads 3 documents, and counts only the edges they own (the application counts all)
+    assert counts == {"next": 0, "sections": 2, "xref": 4}
+    assert {i.name: i.edges for i in list_indexes(conn, "t")}["xref"] == 7
 
 
 # HTTP ------------------------------------------------------------------------------------------------------
@@ -817,16 +906,6 @@ def test_http_permissions(conn: psycopg.Connection[Any], tenants: Any, client: T
     assert client.get("/sources/t/indexes/xref/check", headers=auth(reader)).json()["ok"] is True
     assert client.delete("/sources/t/indexes/xref", headers=auth(reader)).status_code == 403
     # a field outside the grant answers like an unknown one
-    hidden = client.post(
-        "/sources/t/indexes", json={"name": "p2", "kind": "tree", "field": "parent"}, headers=auth(narrow)
-    )
-    assert hidden.status_code == 403 and hidden.json()["error"]["path"] == "field"
-    assert (
-        client.post(
-            "/sources/t/indexes", json={"name": "p2", "kind": "tree", "field": "nope"}, headers=auth(narrow)
-        ).status_code
-        == 403
-    )
     assert [i["name"] for i in client.get("/sources/t/indexes", headers=auth(narrow)).json()] == ["xref"]
     assert (
         client.get(
@@ -834,7 +913,13 @@ def test_http_permissions(conn: psycopg.Connection[Any], tenants: Any, client: T
         ).status_code
         == 403
     )
-    assert client.post("/sources/t/indexes", json=new, headers=auth(writer)).status_code == 201
+    # creating and dropping an index is an administrator's act, whatever the principal's tools
+    for key in (writer, narrow, acme_writer, acme_key):
+        refused = client.post("/sources/t/indexes", json=new, headers=auth(key))
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == 1403, refused.text
+        assert client.delete("/sources/t/indexes/xref", headers=auth(key)).status_code == 403
+    assert [i.name for i in list_indexes(conn, "t")] == ["next", "sections", "xref"]
+    create_index(conn, "t", "flow", kind="graph")  # the administrator's door: agentdb index create
     assert (
         client.post(
             "/sources/t/indexes/flow/edges", json=[{"from": "a1", "to": "g1"}], headers=auth(writer)
@@ -868,7 +953,7 @@ def test_http_permissions(conn: psycopg.Connection[Any], tenants: Any, client: T
         ).status_code
         == 403
     )
-    assert client.delete("/sources/t/indexes/flow", headers=auth(writer)).status_code == 204
+    assert client.delete("/sources/t/indexes/flow", headers=auth(writer)).status_code == 403
 
 
 # CLI -------------------------------------------------------------------------------------------------------

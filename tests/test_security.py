@@ -292,15 +292,17 @@ def send_chunked(port: int, path: str, total: int, headers: str = "") -> tuple[i
 def test_a_chunked_body_over_the_limit_is_refused_while_it_streams(conn: Any, db_url: str) -> None:
     import psutil
 
-    create_principal(conn, "tmp", tables=[], tools=["search"])
+    key = create_principal(conn, "tmp", tables=[], tools=["search"])[1]
     app = create_app(Settings(database_url=db_url, max_body_bytes=1 << 20))
     process = psutil.Process()
     with live(app) as port:
         before = process.memory_info().rss
-        sent, response = send_chunked(port, "/sources/docs/documents", 200 << 20)  # 200 MiB, no key
+        sent, response = send_chunked(
+            port, "/sources/docs/documents", 200 << 20, headers=f"Authorization: Bearer {key}\r\n"
+        )  # 200 MiB
         grown = process.memory_info().rss - before
     head, _, body = response.partition(b"\r\n\r\n")
-    # refused before authentication (no key was sent), after about 1 MiB instead of 200
+    # refused after about 1 MiB instead of 200 (a keyless sender is refused before its first byte)
     assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
     assert orjson.loads(body)["error"]["code"] == 1413
     assert sent < 64 << 20, sent
@@ -398,7 +400,8 @@ def test_a_query_too_long_for_tsvector_is_a_bad_request_not_an_outage(
 ) -> None:
     words = " ".join(f"w{i}x{i * 7919 % 100003}" for i in range(200_000))  # about 2.5 MB of distinct words
     response = open_client.post("/agents/retrieval", json=search_body(full_text_search=words))
-    assert response.status_code == 400 and response.json()["error"]["path"] == "queries[0].full_text_search"
+    # over the request limit (a query text is at most 10,000 characters): refused before it is read
+    assert response.status_code == 413 and response.json()["error"]["path"] == "body"
     assert "retry-after" not in response.headers
     # below the request limits, the database's own refusal is a 3007 too (the SQL door and Python API)
     with pytest.raises(InvalidParamValue, match="too long for tsvector"):
@@ -449,6 +452,12 @@ def test_a_keyless_server_refuses_other_sites_and_other_host_names(conn: Any, db
             "/sources/docs/documents",
             content=doc,
             headers={"content-type": "text/plain", "origin": "http://evil.example"},
+        )
+        assert forged.status_code == 415 and forged.json()["error"]["path"] == "content-type"
+        forged = client.post(
+            "/sources/docs/documents",
+            content=doc,
+            headers={"content-type": "application/json", "origin": "http://evil.example"},
         )
         assert forged.status_code == 403 and forged.json()["error"]["path"] == "origin"
         rebound = client.get("/sources", headers={"host": "evil.example:8080"})

@@ -22,7 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentdb import __version__
 from agentdb.api import agents, documents, indexes, memory, playground, retrieval
-from agentdb.api.deps import DatabaseRoute, connection, guard_open_access, principal, routing_headers
+from agentdb.api.deps import (
+    DatabaseRoute,
+    admit_body,
+    connection,
+    guard_open_access,
+    principal,
+    routing_headers,
+)
 from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
@@ -103,7 +110,7 @@ class SourceOut(BaseModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 503)
+    status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 415, 429, 503)
 }
 
 
@@ -262,7 +269,12 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         with read_scope(conn, caller):
             return [source_out(conn, visible_source(caller, s), pending.get(s.name)) for s in visible]
 
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        max_request_bytes=settings.max_request_bytes,
+        admit=admit_body,
+    )
     app.include_router(retrieval.router)
     app.include_router(agents.router)
     app.include_router(documents.router)

@@ -3,6 +3,7 @@ write, a replica's when one may serve a read), and the calling principal."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -19,6 +20,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
 
 from agentdb.auth import Principal, any_principals, authenticate
 from agentdb.config import Settings
@@ -34,11 +36,17 @@ from agentdb.errors import (
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK or host.startswith("127.")
+    """Whether `host` (a Host or Origin name, or a bind address) is this machine's loopback: an IP literal in
+    127.0.0.0/8 or ::1 (with or without brackets), or exactly `localhost`. A name that only looks like one
+    (`127.attacker.example`) is not: DNS may point it anywhere."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
 
 
 # How long a request waits for a pooled connection before asking whether the database is up at all.
@@ -449,6 +457,19 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
         return authenticate(conn, authorization)  # no principal: any key is wrong
     _open_access(request)
     return None
+
+
+def admit_body(scope: Scope) -> None:
+    """Before a large body is read (RequestGuard): the error its sender gets anyway, so that no keyless or
+    wrongly keyed client makes the server read and parse megabytes. Asked of the primary, as every key is."""
+    request = Request(scope)
+    settings: Settings = request.app.state.settings
+    authorization = request.headers.get("authorization")
+    with _checkout(request.app.state.pool, settings.statement_timeout_ms) as (conn, has_principals):
+        if has_principals or authorization:
+            authenticate(conn, authorization)
+        else:
+            _open_access(request)
 
 
 def _primary_principal(request: Request, authorization: str | None) -> tuple[bool, Principal | None] | None:

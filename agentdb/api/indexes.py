@@ -1,8 +1,11 @@
 """Hierarchy and graph indexes over HTTP: list, create, drop, explicit edges, check, and a node's neighbours.
 
-Listing and checking need the tool `search`, writing (create, drop, edges) the tool `ingest`, neighbours
+Creating and dropping an index is an administrator's act, as it changes what every reader of the source
+navigates: the keyless local server, or `agentdb index create|drop` on the database; a principal gets 403.
+Listing and checking need the tool `search`, posting explicit edges the tool `ingest`, neighbours
 `tree_search` or `graph_search` by the index's kind; all need the source in the caller's tables, and an index
-field outside a caller's field grant answers like an unknown one (403). Explicit edges posted by a principal
+field outside a caller's field grant answers like an unknown one (403). A principal's lists, counts and
+checks are computed over the rows it can read (sql/070_indexes.sql). Explicit edges posted by a principal
 with a row filter must join documents it can read.
 """
 
@@ -105,6 +108,16 @@ def _writer(caller: Principal | None, name: str) -> None:
         check_table(caller, name, path="source")
 
 
+def _administrator(caller: Principal | None) -> None:
+    """Forbidden for a principal: an index over a source serves every reader of it."""
+    if caller is not None:
+        raise Forbidden(
+            f"principal {caller.name!r} may not create or drop indexes: an index serves every reader of the source",
+            path="source",
+            hint="an administrator creates and drops indexes: `agentdb index create|drop` on the database host",
+        )
+
+
 def _granted_field(caller: Principal | None, field: str | None) -> None:
     """Forbidden when the index field is outside the caller's field grant (whether or not it exists, so that
     no answer names a hidden field)."""
@@ -118,12 +131,11 @@ def list_source_indexes(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> list[IndexInfo]:
-    """The indexes of a source with their edge counts (indexes over fields outside the caller's grant are
-    left out)."""
+    """The indexes of a source with their edge counts, as the caller sees them: indexes over fields outside
+    its grant are left out, and it counts the edges of the rows it can read."""
     _reader(caller, name)
-    found = list_indexes(conn, name)
-    granted = None if caller is None or caller.fields is None else set(caller.fields)
-    return [i for i in found if granted is None or i.field is None or i.field in granted]
+    with read_scope(conn, caller):
+        return list_indexes(conn, name)
 
 
 @router.post("/sources/{name}/indexes", response_model=IndexInfo, status_code=201)
@@ -134,9 +146,8 @@ def create_source_index(
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> IndexInfo:
     """Declare an index and build its edges from the current documents (one transaction). 409 when the name is
-    taken; 3007 at `field` for a field the source does not have."""
-    _writer(caller, name)
-    _granted_field(caller, body.field)
+    taken; 3007 at `field` for a field the source does not have. Not for principals (403)."""
+    _administrator(caller)
     return create_index(conn, name, body.name, kind=body.kind, field=body.field, edge_type=body.edge_type)
 
 
@@ -147,9 +158,8 @@ def drop_source_index(
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> None:
-    """Remove an index with its edges."""
-    _writer(caller, name)
-    _granted_field(caller, get_index(conn, name, index).field)
+    """Remove an index with its edges. Not for principals (403)."""
+    _administrator(caller)
     drop_index(conn, name, index)
 
 
@@ -186,7 +196,8 @@ def _write_edges(
         written = add_edges(conn, name, index, edges)
         if caller is not None and caller.row_filter is not None:
             _check_edge_keys(conn, caller, name, edges)
-        total = get_index(conn, name, index).edges
+        with read_scope(conn, caller):  # the count the caller may see
+            total = get_index(conn, name, index).edges
     return EdgesOut(index=index, written=written, edges=total)
 
 
@@ -218,11 +229,13 @@ def check_source_index(
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> CheckOut:
     """Compare the index's edges with what the documents imply: missing and extra field-derived edges
-    (mismatches; 0 after any sequence of writes) and dangling edges (to keys with no document, kept)."""
+    (mismatches; 0 after any sequence of writes) and dangling edges (to keys with no document, kept); for a
+    principal over the rows it can read, where a key it cannot read dangles as a missing one does."""
     _reader(caller, name)
     check_index_name(index, path="index")
     _granted_field(caller, get_index(conn, name, index).field)
-    result = check_indexes(conn, name, index)[0]
+    with read_scope(conn, caller):
+        result = check_indexes(conn, name, index)[0]
     return CheckOut(
         index=result.index,
         missing=result.missing,

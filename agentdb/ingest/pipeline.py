@@ -28,6 +28,7 @@ from agentdb.errors import (
 from agentdb.ingest.chunking import chunk_text
 from agentdb.ingest.readers import Located
 from agentdb.sources import (
+    FIELD_NAME,
     RESERVED_FIELDS,
     FieldSpec,
     FieldType,
@@ -140,6 +141,12 @@ class _Schema:
     def coerce(self, name: str, value: Any) -> Any:
         spec = self.fields.get(name)
         if spec is None:
+            if not FIELD_NAME.match(name):
+                raise RowError(
+                    name,
+                    "not a valid field name: a field name is a letter or _, then letters, digits and _ (at most"
+                    " 63); rename the key or exclude it with --exclude-field",
+                )
             kind = _infer_type(value)
             if kind is None:
                 raise RowError(
