@@ -40,6 +40,15 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     # ... and of every other request (a retrieval request, a saved agent, a navigation: kilobytes).
     max_request_bytes: int = 1024 * 1024
+    # The work one retrieval request may ask for, checked when it is validated (3007 at the offending field):
+    # results over all its queries (the sum of their limits), chunks read by neighbour expansion (that sum
+    # times expand_window), nodes a ranked navigation reads (max_nodes) and start keys it is offered.
+    max_results: int = 2_000
+    max_expanded_chunks: int = 10_000
+    max_nodes_read: int = 200
+    max_start_keys: int = 256
+    # How many requests one principal may have in flight at once (429 beyond); 0: half the pool.
+    principal_concurrency: int = 0
     # Extra Host names and Origins a keyless (no principals) server answers besides its own loopback ones.
     allowed_hosts: tuple[str, ...] = ()
     # Serve without principals on a non-loopback bind (a container whose port is published only on the
@@ -79,6 +88,11 @@ class Settings:
             statement_timeout_ms=int(env.get("AGENTDB_STATEMENT_TIMEOUT_MS", "30000")),
             max_body_bytes=int(env.get("AGENTDB_MAX_BODY_BYTES", str(32 * 1024 * 1024))),
             max_request_bytes=int(env.get("AGENTDB_MAX_REQUEST_BYTES", str(1024 * 1024))),
+            max_results=int(env.get("AGENTDB_MAX_RESULTS", "2000")),
+            max_expanded_chunks=int(env.get("AGENTDB_MAX_EXPANDED_CHUNKS", "10000")),
+            max_nodes_read=int(env.get("AGENTDB_MAX_NODES_READ", "200")),
+            max_start_keys=int(env.get("AGENTDB_MAX_START_KEYS", "256")),
+            principal_concurrency=int(env.get("AGENTDB_PRINCIPAL_CONCURRENCY", "0")),
             allowed_hosts=_names(env.get("AGENTDB_ALLOWED_HOSTS")),
             allow_open=env.get("AGENTDB_ALLOW_OPEN", "") in ("1", "true", "yes"),
             embed_interval_s=float(env.get("AGENTDB_EMBED_INTERVAL_S", "2")),

@@ -19,6 +19,8 @@ from agentdb.retrieval import Fusion, Hit, Mode
 
 # Query texts are questions, not documents: longer ones are refused before they reach the database.
 MAX_QUERY_CHARS = 10_000
+# The most hits one query returns (agentdb.retrieve's top_k bound).
+MAX_LIMIT = 1000
 
 
 class FullTextSearch(BaseModel):
@@ -48,7 +50,7 @@ class QuerySpec(BaseModel):
     filter_query: dict[str, Any] | None = None
     exclusion_query: dict[str, Any] | None = None
     fields: list[str] | None = Field(None, max_length=256)
-    limit: int = Field(10, ge=1, le=1000)
+    limit: int = Field(10, ge=1, le=MAX_LIMIT)
     threshold: float = Field(0.5, ge=0, le=2)
     rrf_k: int = Field(60, ge=1, le=1000)
     # Hybrid fusion: "rrf" (with rrf_k) or "convex" (alpha x BM25 + (1 - alpha) x cosine similarity, each

@@ -21,6 +21,8 @@ from navigation import Direction, Node
 # The dense leg's weight in a node's relevance (the lexical leg has the rest): on the runbook questions of
 # examples/pgdocs/questions.jsonl 0.8 put a gold section in the top 3 for 0.844 of them, 0.5 for 0.805.
 DENSE_WEIGHT = 0.8
+# The most neighbours agentdb.neighbors returns at once (its `max`).
+NEIGHBORS_MAX = 256
 
 
 class NavigationOptions(BaseModel):
@@ -44,7 +46,7 @@ class NavigationOptions(BaseModel):
     direction: Direction | None = None
     edge_types: list[str] | None = Field(None, min_length=1, max_length=64)
     max_steps: int | None = Field(None, ge=1, le=20)
-    neighbor_limit: int | None = Field(None, ge=1, le=256)
+    neighbor_limit: int | None = Field(None, ge=1, le=NEIGHBORS_MAX)
     max_nodes: int = Field(30, ge=1, le=500)
     scoring: Literal["hybrid", "keywords"] = "hybrid"
     links_index: str | None = Field(None, min_length=1, max_length=63)
@@ -164,14 +166,15 @@ class SqlEdges:
                 "key": key,
                 "direction": direction,
                 "edge_types": None if edge_types is None else list(edge_types),
-                "max": limit,
+                # a walk asks for more to make up for the nodes it excludes: never past the function's bound
+                "max": min(limit, NEIGHBORS_MAX),
                 **self.scope.json_filters(),
             },
         )
         return [(k, t) for k, t in rows]
 
     def children(self, key: str) -> list[str]:
-        return [k for k, _ in self.neighbours(key, "out", None, 256)]
+        return [k for k, _ in self.neighbours(key, "out", None, NEIGHBORS_MAX)]
 
     def roots(self) -> list[str]:
         """The visible roots of a tree index (documents no other document points to)."""

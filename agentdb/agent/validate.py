@@ -95,6 +95,56 @@ def _features(request: RetrievalRequest, settings: Settings, plan: Plan) -> None
             plan.meters.append(plan.generator)
 
 
+def _budget(request: RetrievalRequest, plan: Plan, settings: Settings) -> None:
+    """The work budget of one request (config.Settings: max_results, max_expanded_chunks, max_nodes_read,
+    max_start_keys): 3007 at the field that takes the request over it, with the setting that raises it."""
+
+    def refuse(what: str, budget: int, path: str, setting: str) -> None:
+        raise InvalidParamValue(
+            f"{what}: over this server's budget of {budget} per request",
+            path=path,
+            hint=f"ask for less; an operator may raise {setting}",
+        )
+
+    total = 0
+    for i, spec in enumerate(request.queries):
+        total += spec.limit
+        if total > settings.max_results:
+            refuse(
+                f"the queries ask for {total} results in all",
+                settings.max_results,
+                f"queries[{i}].limit",
+                "AGENTDB_MAX_RESULTS",
+            )
+    if total * plan.expand_window > settings.max_expanded_chunks:
+        refuse(
+            f"expanding {total} results by {plan.expand_window} chunks reads {total * plan.expand_window}",
+            settings.max_expanded_chunks,
+            "steps.retrieval.expand_window",
+            "AGENTDB_MAX_EXPANDED_CHUNKS",
+        )
+    navigation = plan.navigation
+    if navigation is None or navigation.selection != "ranked":
+        return
+    where = "steps.retrieval.navigation"
+    if navigation.max_nodes > settings.max_nodes_read:
+        refuse(
+            f"max_nodes {navigation.max_nodes}",
+            settings.max_nodes_read,
+            f"{where}.max_nodes",
+            "AGENTDB_MAX_NODES_READ",
+        )
+    if navigation.start_nodes not in (None, "$roots", "$hits"):
+        keys = len({k.strip() for k in navigation.start_nodes.split(",") if k.strip()})
+        if keys > settings.max_start_keys:
+            refuse(
+                f"start_nodes names {keys} keys",
+                settings.max_start_keys,
+                f"{where}.start_nodes",
+                "AGENTDB_MAX_START_KEYS",
+            )
+
+
 def validate(
     conn: psycopg.Connection[Any], request: RetrievalRequest, principal: Principal | None, settings: Settings
 ) -> Plan:
@@ -102,6 +152,7 @@ def validate(
     tables, permissions, projections (a field grant narrows an unrestricted request)."""
     plan = Plan(projections=[], diagnostics=request.diagnostics)
     _features(request, settings, plan)
+    _budget(request, plan, settings)
     projections = plan.projections
     for i, spec in enumerate(request.queries):
         if isinstance(spec.full_text_search, FullTextSearch) and spec.full_text_search.field not in (

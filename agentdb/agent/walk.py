@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from agentdb.agent.models import MAX_LIMIT
 from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
@@ -237,7 +238,7 @@ def walk(
             scope.source,
             query,
             mode=mode,
-            top_k=PRIOR_DEPTH * limit,
+            top_k=min(PRIOR_DEPTH * limit, MAX_LIMIT),  # within retrieve's bound, whatever the limit
             rrf_k=rrf_k,
             threshold=threshold,
             fusion=fusion,

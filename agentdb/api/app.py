@@ -28,6 +28,7 @@ from agentdb.api.deps import (
     connection,
     guard_open_access,
     principal,
+    principal_slots,
     routing_headers,
 )
 from agentdb.api.guard import RequestGuard, json_path
@@ -181,9 +182,11 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             swagger_favicon_url="/docs-assets/favicon-32x32.png",
         )
 
+    app.state.slots = principal_slots(settings)
+
     @app.exception_handler(AgentDBError)
     async def agentdb_error(request: Request, exc: AgentDBError) -> Response:
-        headers = {"Retry-After": "1"} if exc.http_status == 503 else {}
+        headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else {}
         return envelope(exc.to_dict(), exc.http_status, headers | routing_headers(request))
 
     @app.exception_handler(RequestValidationError)

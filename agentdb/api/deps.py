@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,7 @@ from agentdb.errors import (
     DatabaseUnavailable,
     Forbidden,
     InvalidParamValue,
+    TooManyRequests,
     Unauthorized,
     is_outage,
 )
@@ -282,6 +284,8 @@ def request_connection(request: Request, wish: ReadWish | None = None) -> Iterat
         if not is_outage(exc):
             raise
         raise DatabaseUnavailable(f"the database is unavailable: {str(exc).strip().splitlines()[0]}") from exc
+    finally:
+        _give_back_slot(request)
 
 
 def _primary_only(request: Request) -> bool:
@@ -447,16 +451,65 @@ def request_principal(request: Request, conn: psycopg.Connection[Any]) -> Princi
         decided = _primary_principal(request, authorization)
         if decided is not None:
             if decided[0]:
-                return decided[1]
+                assert decided[1] is not None
+                return _hold_slot(request, decided[1])
             _open_access(request)
             return None
     has_principals = getattr(request.state, "any_principals", None)
     if has_principals is None:
         has_principals = any_principals(conn)
     if has_principals or authorization:
-        return authenticate(conn, authorization)  # no principal: any key is wrong
+        return _hold_slot(request, authenticate(conn, authorization))  # no principal: any key is wrong
     _open_access(request)
     return None
+
+
+class PrincipalSlots:
+    """How many requests each principal has in flight, against its share of the server (`limit`): one
+    principal's flood is refused (429) instead of holding every pooled connection while others wait."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, principal: Principal) -> None:
+        with self._lock:
+            held = self._held.get(principal.id, 0)
+            if held >= self.limit:
+                raise TooManyRequests(
+                    f"principal {principal.name!r} already has {held} requests in flight, its share of this server",
+                    hint="retry after the ones in flight end; an operator may raise AGENTDB_PRINCIPAL_CONCURRENCY",
+                )
+            self._held[principal.id] = held + 1
+
+    def give_back(self, principal: Principal) -> None:
+        with self._lock:
+            left = self._held.get(principal.id, 1) - 1
+            if left:
+                self._held[principal.id] = left
+            else:
+                self._held.pop(principal.id, None)
+
+
+def principal_slots(settings: Settings) -> PrincipalSlots:
+    """The share of one principal: AGENTDB_PRINCIPAL_CONCURRENCY, else half the pool (at least 1)."""
+    return PrincipalSlots(settings.principal_concurrency or max(1, settings.pool_max_size // 2))
+
+
+def _hold_slot(request: Request, caller: Principal) -> Principal:
+    """`caller`, holding one of its slots until the request's connection goes back (request_connection)."""
+    if getattr(request.state, "slot", None) is None:
+        request.app.state.slots.take(caller)
+        request.state.slot = caller
+    return caller
+
+
+def _give_back_slot(request: Request) -> None:
+    caller: Principal | None = getattr(request.state, "slot", None)
+    if caller is not None:
+        request.state.slot = None
+        request.app.state.slots.give_back(caller)
 
 
 def admit_body(scope: Scope) -> None:
