@@ -156,7 +156,7 @@ begin
         perform agentdb_internal.filter_fail(ctx, 'unknown_field', path, format('unknown field %s', name::text),
             'filterable fields: ' || coalesce((
                 select string_agg(k, ', ' order by k) from jsonb_each(ctx->'fields') as e(k, s)
-                where (s->>'filterable')::boolean
+                where (s->>'filterable')::boolean and agentdb.principal_field_granted(k)  -- never a hidden name
             ), '(none)'));
     end if;
     if not (spec->>'filterable')::boolean then

@@ -58,7 +58,8 @@ begin
                    'principal_policy_sql', 'principal_chunks_function', 'current_principal', 'metadata_projection',
                    'principal_columns', 'source_relation', 'principal_row_filter_applies', 'principal_term_stats',
                    'principal_install_postings', 'principal_install', 'principal_grant', 'principal_release_table',
-                   'principal_revoke', 'principal_reinstall', 'principal_uninstall', 'principal_foreign_policies'])
+                   'principal_revoke', 'principal_reinstall', 'principal_uninstall', 'principal_foreign_policies',
+                   'principal_field_granted'])
     loop
         execute format('drop function %s', f);
     end loop;
@@ -228,6 +229,17 @@ create or replace function agentdb.principal_row_filter_applies(row_filter jsonb
 language sql stable security definer set search_path = pg_catalog, pg_temp as $$
 select exists (select 1 from agentdb.principals p
                where p.role = current_setting('role')::name and p.row_filter is not distinct from $1)
+$$;
+
+-- Whether the active role may see field `field`: not when it is a principal's role whose field grant leaves
+-- the field out (null: yes). The filter compiler's hints and the index readers name or show only such
+-- fields. SECURITY DEFINER over agentdb.principals; it tells the caller about its own grant only.
+create or replace function agentdb.principal_field_granted(field text) returns boolean
+language sql stable security definer set search_path = pg_catalog, pg_temp as $$
+select field is null or not exists (
+    select 1 from agentdb.principals p
+    where p.role = coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name
+      and p.fields is not null and not field = any (p.fields))
 $$;
 
 -- The term statistics of the named `terms` of source `source_id` (rows of agentdb.term_stats), for a

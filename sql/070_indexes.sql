@@ -37,7 +37,7 @@ begin
                                  'index_remove_sql', 'index_sync_sql', 'index_source', 'index_get', 'index_create',
                                  'index_drop', 'index_list', 'index_add_edges', 'index_check', 'index_rebuild',
                                  'index_edges', 'index_root_keys', 'index_roots', 'neighbors',
-                                 'index_reader_rows', 'index_field_granted')
+                                 'index_reader_rows')
     loop
         execute format('drop function %s', f);
     end loop;
@@ -232,16 +232,6 @@ begin
 end;
 $$;
 
--- Whether the active role may see an index over field `field`: not a principal's role whose field grant
--- leaves the field out (the edges would show its values).
-create or replace function agentdb_internal.index_field_granted(field text) returns boolean
-language sql stable as $$
-select field is null or not exists (
-    select 1 from agentdb.principals p
-    where p.role = coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name
-      and p.fields is not null and not field = any (p.fields))
-$$;
-
 -- Index `index_name` of source `src` (3010 at `index` when there is none).
 create or replace function agentdb_internal.index_get(src agentdb.sources, index_name text) returns agentdb.indexes
 language plpgsql stable as $$
@@ -361,7 +351,7 @@ begin
     readable := agentdb_internal.index_reader_rows(src);
     select * into r from agentdb_internal.index_row_sql(src, null, 'c');
     for idx in select * from agentdb.indexes i where i.source_id = src.id order by i.name loop
-        continue when readable is null or not agentdb_internal.index_field_granted(idx.field);
+        continue when readable is null or not agentdb.principal_field_granted(idx.field);
         if readable = rel then
             select count(*) into edges from agentdb.edges e where e.source_id = src.id and e.index_id = idx.id;
         else
@@ -489,7 +479,7 @@ begin
     for idx in select * from agentdb.indexes i
                where i.source_id = src.id and (index_check.index is null or i.name = index_check.index)
                order by i.name loop
-        continue when readable is null or not agentdb_internal.index_field_granted(idx.field);
+        continue when readable is null or not agentdb.principal_field_granted(idx.field);
         -- A principal's part of the stored edges: those its rows own.
         owned := case when readable = tbl then 'true' else format('exists (select 1 from %s c where %s = e.%I and (%s))',
                       readable, r.key_expr, case when idx.kind = 'tree' then 'to_key' else 'from_key' end, r.node_expr) end;
@@ -579,7 +569,7 @@ begin
         return;
     end if;
     idx := agentdb_internal.index_get(src, index_name);
-    if not agentdb_internal.index_field_granted(idx.field) then
+    if not agentdb.principal_field_granted(idx.field) then
         return;
     end if;
     select * into r from agentdb_internal.index_row_sql(src, null, 'c');
@@ -698,7 +688,7 @@ begin
         return;
     end if;
     idx := agentdb_internal.index_get(src, index_name);
-    if not agentdb_internal.index_field_granted(idx.field) then
+    if not agentdb.principal_field_granted(idx.field) then
         return;
     end if;
     select * into r from agentdb_internal.index_row_sql(src, null, 'c');

@@ -207,6 +207,40 @@ def test_a_public_server_refuses_requests_when_its_last_principal_goes(conn: Any
     assert conn.execute("select count(*) from agentdb_docs.docs where doc_id = 'd0'").fetchone()[0] == 1
 
 
+PAGES = [
+    "/",
+    "/playground",
+    "/docs",
+    "/openapi.json",
+    "/docs-assets/swagger-ui.css",
+    "/playground/static/playground.css",
+]
+
+
+def test_a_locked_server_shows_nothing_but_its_status(conn: Any, db_url: str) -> None:
+    """Public bind, no principal left: /healthz says "locked" without versions; pages, docs and schema 403."""
+    fill(conn)
+    create_principal(conn, "tmp", tables=["docs"])
+    app = create_app(Settings(database_url=db_url, host="0.0.0.0", embed_interval_s=0))  # noqa: S104
+    with TestClient(app, base_url=LOCAL) as client:
+        served = {path: client.get(path).status_code for path in PAGES}
+        assert client.get("/healthz").json()["version"]
+        delete_principal(conn, "tmp")
+        health = client.get("/healthz")
+        assert health.status_code == 200
+        assert health.json() == {
+            "status": "locked",
+            "database": None,
+            "version": None,
+            "replicas": [],
+            "primary": None,
+        }
+        for path in PAGES:
+            answer = client.get(path)
+            assert answer.status_code == 403 and answer.json()["error"]["code"] == 1403, (path, answer.text)
+    assert served["/docs"] == served["/openapi.json"] == served["/"] == 200, served
+
+
 def test_a_loopback_server_opens_when_its_last_principal_goes(conn: Any, db_url: str) -> None:
     fill(conn)
     create_principal(conn, "tmp", tables=["docs"])
@@ -436,6 +470,24 @@ def test_hidden_field_names_do_not_leak(served: Any) -> None:
     }
     assert hidden.json()["error"]["hint"] == "filterable fields: tenant"
     assert "level" not in hidden.text and "tags" not in hidden.text
+
+
+def test_under_a_principals_role_the_filter_hint_names_granted_fields_only(conn: Any) -> None:
+    """As agentdb reads (SET ROLE): the database's own hint for an unknown field lists only granted ones."""
+    from agentdb.auth import principal_scope
+    from agentdb.db import run_sql
+
+    fill(conn)
+    reader = create_principal(
+        conn, "reader", tables=["docs"], row_filter={"tenant": "acme"}, fields=["tenant"]
+    )[0]
+    query = "select * from agentdb.read('docs', array['d0'], filter => '{\"nope\": 1}')"
+    with principal_scope(conn, reader) as scoped, pytest.raises(InvalidParamValue) as as_reader:
+        run_sql(scoped, query, {})
+    with pytest.raises(InvalidParamValue) as as_agentdb:
+        run_sql(conn, query, {})
+    assert as_reader.value.hint == "filterable fields: tenant"
+    assert as_agentdb.value.hint == "filterable fields: level, secret, tags, tenant"
 
 
 # -- 10. cross-site requests and DNS rebinding against a keyless local server ------------------------------------

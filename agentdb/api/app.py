@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +19,9 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentdb import __version__
 from agentdb.api import agents, documents, indexes, memory, playground, retrieval
@@ -27,11 +30,12 @@ from agentdb.api.deps import (
     admit_body,
     connection,
     guard_open_access,
+    open_access_allowed,
     principal,
     principal_slots,
     routing_headers,
 )
-from agentdb.api.guard import RequestGuard, json_path
+from agentdb.api.guard import RequestGuard, json_path, refuse
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
@@ -43,6 +47,7 @@ from agentdb.embed import load_embedder
 from agentdb.errors import (
     AgentDBError,
     DatabaseUnavailable,
+    Forbidden,
     InvalidParamValue,
     from_db_error,
     is_outage,
@@ -86,9 +91,11 @@ class PrimaryOut(BaseModel):
 
 
 class Health(BaseModel):
+    # "ok", or "locked": a server on a public address with no principal, which answers no other request
+    # and then shows nothing else here (no versions, no replicas).
     status: str
-    database: str
-    version: str
+    database: str | None
+    version: str | None
     # The read replicas (none configured: empty): role, replay lag and whether reads go to them.
     replicas: list[ReplicaOut] = []
     # With DATABASE_URL_FILE: the primary it names (None without the file).
@@ -236,6 +243,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
 
     @app.get("/healthz", response_model=Health)
     def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
+        if locked(request):
+            return Health(status="locked", database=None, version=None)
         row = conn.execute("select current_setting('server_version')").fetchone()
         router = request.app.state.router
         watcher = getattr(request.app.state, "watcher", None)
@@ -272,6 +281,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         with read_scope(conn, caller):
             return [source_out(conn, visible_source(caller, s), pending.get(s.name)) for s in visible]
 
+    app.add_middleware(LockedGate, settings=settings)
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -286,6 +296,44 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.include_router(playground.router)
     app.mount("/playground/static", playground.assets, name="playground")
     return app
+
+
+def locked(request: Request) -> bool:
+    """Whether this is a locked server: on a public address (open access not allowed) with no principal."""
+    return not open_access_allowed(request.app.state.settings) and not request.state.any_principals
+
+
+# The pages and documents no route's principal check covers: the playground, the API docs and schema.
+_PAGES = re.compile(r"^/($|playground|docs|openapi\.json)")
+
+
+class LockedGate:
+    """ASGI middleware: a locked server (see `locked`) serves none of _PAGES (403, as every API route then
+    answers), so that it shows nothing about itself beyond /healthz's status. Asks the database only on a
+    public bind, where the question arises."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.public = not open_access_allowed(settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.public and scope["type"] == "http" and _PAGES.match(scope.get("path", "")):
+            pool: ConnectionPool = scope["app"].state.pool
+            if not await run_in_threadpool(_has_principals, pool):
+                await refuse(
+                    send,
+                    Forbidden(
+                        "this server listens on a public address and no principal exists: it answers no request",
+                        hint="create one with `agentdb principal create NAME --tables ...`",
+                    ),
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def _has_principals(pool: ConnectionPool) -> bool:
+    with pool.connection() as conn:
+        return any_principals(conn)
 
 
 # A pool left by a failover is closed this long after the move, so that a request that took it just before

@@ -186,7 +186,7 @@ class RequestGuard:
         try:
             body = await self._checked_body(scope, receive)
         except AgentDBError as error:
-            await _refuse(send, error)
+            await refuse(send, error)
             return
         if body is None:
             return  # the client went away
@@ -268,7 +268,7 @@ class RequestGuard:
         )
 
 
-async def _refuse(send: Send, error: AgentDBError) -> None:
+async def refuse(send: Send, error: AgentDBError) -> None:
     """Answer with the error envelope and close the connection (the rest of the body is not read)."""
     body = orjson.dumps({"error": error.to_dict()})
     await send(
