@@ -1,6 +1,8 @@
 """Generated hostile requests against every kind of route (real app, real database, real embedder): huge
-integers, lone surrogates, NUL characters, deep nesting and big arrays, placed anywhere in a request. None
-may produce a 500; every refusal is the error envelope with a code and a name."""
+integers, lone surrogates, NUL characters, deep nesting and big arrays, placed anywhere in a request, sent
+with any Content-Type, and work budgets from nothing to far beyond the server's. None may produce a 500;
+every refusal is the error envelope with a code and a name; a body whose type a browser may post across
+sites is a 415 wherever it goes."""
 
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ hostile_int = st.one_of(
 )
 leaf = st.one_of(hostile_text, hostile_int, st.floats(), st.booleans(), st.none())
 deep = st.integers(20, 700).flatmap(lambda depth: leaf.map(lambda value: _nest(depth, value)))
-big_array = st.integers(500, 3000).map(lambda n: list(range(n)))
+big_array = st.integers(500, 12_000).map(lambda n: list(range(n)))
+# Work budgets (limits, windows, nodes read) around and far beyond the server's defaults.
+budget = st.one_of(st.integers(0, 3000), st.sampled_from([10, 101, 200, 201, 255, 256, 257, 1000, 1001]))
+key_list = st.integers(0, 400).map(lambda n: ",".join(f"k{i}" for i in range(n)))
 value = st.one_of(leaf, deep, big_array, st.lists(leaf, max_size=5))
 field = st.one_of(st.sampled_from(["level", "tenant", "tags", "title"]), hostile_text)
 filters = st.recursive(
@@ -58,7 +63,7 @@ query = st.fixed_dictionaries(
         "filter": st.one_of(filters, value),
         "filter_query": st.one_of(filters, value),
         "fields": st.one_of(st.lists(field, max_size=3), value),
-        "limit": value,
+        "limit": st.one_of(budget, value),
         "threshold": value,
     },
 )
@@ -70,9 +75,12 @@ navigation = st.fixed_dictionaries(
         "selection": st.one_of(st.sampled_from(["ranked", "agentic"]), value),
         "index": st.one_of(st.just("links"), hostile_text),
         "start_key": st.one_of(st.just("a"), value),
-        "start_nodes": st.one_of(st.just("$roots"), value),
-        "max_depth": value,
-        "beam_width": value,
+        "start_nodes": st.one_of(st.just("$roots"), key_list, value),
+        "max_depth": st.one_of(budget, value),
+        "beam_width": st.one_of(budget, value),
+        "max_nodes": st.one_of(budget, value),
+        "neighbor_limit": st.one_of(budget, value),
+        "links_index": st.one_of(st.just("links"), value),
         "edge_types": value,
         "scoring": value,
     },
@@ -86,7 +94,13 @@ retrieval = st.fixed_dictionaries(
         "max_internal_iterations": value,
         "steps": st.one_of(
             st.dictionaries(hostile_text, value, max_size=2),
-            st.fixed_dictionaries({"retrieval": st.fixed_dictionaries({"navigation": navigation})}),
+            st.fixed_dictionaries(
+                {
+                    "retrieval": st.fixed_dictionaries(
+                        {}, optional={"navigation": navigation, "expand_window": st.one_of(budget, value)}
+                    )
+                }
+            ),
         ),
         "memory": st.fixed_dictionaries(
             {"stores": st.one_of(st.lists(st.one_of(st.just("m1"), hostile_text), max_size=2), value)},
@@ -181,6 +195,15 @@ requests = st.one_of(
 )
 
 
+# What a client may declare its body to be: the JSON types the routes read, and those a browser posts across
+# sites without a preflight (which must be 415).
+JSON_TYPES = ("application/json", "application/json; charset=utf-8")
+SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x")
+content_types = st.one_of(
+    st.sampled_from(JSON_TYPES), st.sampled_from([*SIMPLE_TYPES, "application/x-ndjson", "application/xml"])
+)
+
+
 def _nest(depth: int, value: Any) -> Any:
     for i in range(depth):
         value = [value] if i % 2 else {"$and": value}
@@ -228,7 +251,7 @@ def test_no_generated_hostile_request_is_a_500(db_url: str, embedder: Any) -> No
             == 201
         )
 
-        @given(request=requests)
+        @given(request=requests, content_type=content_types)
         @settings(
             max_examples=CASES,
             deadline=None,
@@ -236,15 +259,15 @@ def test_no_generated_hostile_request_is_a_500(db_url: str, embedder: Any) -> No
             database=None,
             suppress_health_check=list(HealthCheck),
         )
-        def check(request: tuple[str, str, Any]) -> None:
+        def check(request: tuple[str, str, Any], content_type: str) -> None:
             method, path, body = request
             # the standard encoder writes lone surrogates as \ud800 escapes and keeps big integers exact
             content = None if body is None else json.dumps(body)
-            response = client.request(
-                method, path, content=content, headers={"content-type": "application/json"}
-            )
+            response = client.request(method, path, content=content, headers={"content-type": content_type})
             statuses[response.status_code] += 1
             assert response.status_code < 500, (method, path, response.text)
+            if content is not None and content_type in SIMPLE_TYPES:
+                assert response.status_code == 415, (method, path, content_type, response.text)
             if response.status_code >= 400:
                 error = response.json()["error"]
                 assert isinstance(error["code"], int) and error["name"] and error["message"]
