@@ -3,11 +3,20 @@ ingest`), and an upload that dies while it creates its source."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterator
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
@@ -104,3 +113,75 @@ def test_an_upload_that_dies_while_creating_its_source_leaves_no_source(
     assert client.post("/sources/tenants/documents", json=docs).status_code == 500
     monkeypatch.setattr(pipeline, "write_documents", real)
     assert client.post("/sources/fresh/documents", json=docs).json()["documents"] == 3
+
+
+def test_kill_9_during_an_upload_that_creates_its_source_leaves_no_source(conn: Any, db_url: str) -> None:
+    """`agentdb serve` killed (SIGKILL) while it writes the first documents of a source it creates."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DATABASE_URL": db_url, "AGENTDB_EMBED_INTERVAL_S": "0"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from agentdb.cli import main; sys.exit(main(sys.argv[1:]))"]
+        + ["serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        until(lambda: _answers(f"{base}/healthz"))
+        docs = [{"_id": f"n{i}", "text": f"note {i} " + "backup restore " * 40} for i in range(3000)]
+        upload = threading.Thread(
+            target=lambda: _post_quietly(f"{base}/sources/fresh/documents", docs), daemon=True
+        )
+        upload.start()
+        # the server has copied its first documents into the new source: kill it there
+        writer = until(lambda: _copying_backend(conn))
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        until(lambda: not _backend_alive(conn, writer))
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert conn.execute("select count(*) from agentdb.sources where name = 'fresh'").fetchone()[0] == 0
+    assert conn.execute("select to_regclass('agentdb_docs.fresh')").fetchone()[0] is None
+
+
+def until(found: Callable[[], Any], seconds: float = 120) -> Any:
+    """The first true value of `found()`, polled until `seconds` pass (then the test fails)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _post_quietly(url: str, docs: list[dict[str, Any]]) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(url, json=docs, timeout=300)
+
+
+def _copying_backend(conn: Any) -> int | None:
+    """Another backend of this database whose latest statement copies chunks into a table."""
+    row = conn.execute(
+        "select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        " and query ilike 'copy %%from stdin%%' limit 1"
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _backend_alive(conn: Any, pid: int) -> bool:
+    return bool(
+        conn.execute("select exists (select 1 from pg_stat_activity where pid = %s)", (pid,)).fetchone()[0]
+    )
