@@ -49,7 +49,7 @@ def test_a_metadata_key_that_is_no_field_name_is_a_400_at_its_path(client: TestC
         "/sources/tenants/documents", json=[{"_id": "fz2", "text": "x", "tenant": "globex", "bad-name": 1}]
     )
     error = answer.json()["error"]
-    assert answer.status_code == 400 and error["path"] == "body[0].bad-name", error
+    assert answer.status_code == 400 and error["path"] == "body:0.bad-name", error
     assert "a field name is a letter or _, then letters, digits and _" in error["message"]
     ndjson = b'{"_id": "a", "text": "x"}\n{"_id": "fz3", "text": "x", "$where": 1}\n'
     answer = client.post(
@@ -76,7 +76,7 @@ def test_any_metadata_key_is_stored_or_a_400_never_a_500(client: TestClient, key
     )
     assert answer.status_code in (200, 400), (key, answer.text)
     if answer.status_code == 400:
-        assert answer.json()["error"]["path"] == f"body[0].{key}", (key, answer.text)
+        assert answer.json()["error"]["path"] == f"body:0.{key}", (key, answer.text)
     else:
         assert FIELD_NAME.match(key), key
 

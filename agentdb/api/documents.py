@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -18,13 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
 from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
-from agentdb.errors import (
-    AgentDBError,
-    Forbidden,
-    InvalidParamValue,
-    StorageFileNotFound,
-    StorageKindMismatch,
-)
+from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.filters import compile_filter
 from agentdb.ingest.pipeline import Document, IngestReport, ingest
 from agentdb.ingest.readers import Located
@@ -42,21 +35,6 @@ class IngestOut(BaseModel):
     new_fields: list[str]
 
 
-def _is_ndjson(content_type: str) -> bool:
-    return "ndjson" in content_type or "jsonl" in content_type
-
-
-_ROW_PATH = re.compile(r"^body:(\d+)")
-
-
-def _array_path(exc: AgentDBError) -> None:
-    """The error of a record of a JSON array at its JSON path (`body[0].bad-name`), not at a line."""
-    if exc.path is not None:
-        where = _ROW_PATH.sub(r"body[\1]", exc.path)
-        exc.message = exc.message.replace(exc.path, where)
-        exc.path = where
-
-
 def _write_creating(
     conn: psycopg.Connection[Any], name: str, write: Callable[[], IngestReport], may_create: bool
 ) -> IngestReport:
@@ -72,7 +50,7 @@ def _write_creating(
 
 def _records(body: bytes, content_type: str) -> list[Located]:
     """A JSON array of records, or NDJSON (one record a line; line numbers are kept for errors)."""
-    if _is_ndjson(content_type):
+    if "ndjson" in content_type or "jsonl" in content_type:
         located = []
         for number, line in enumerate(body.splitlines(), start=1):
             if not line.strip():
@@ -197,8 +175,7 @@ async def add_documents(
     source this request creates is created in one transaction with its documents: a server that dies midway
     leaves no empty source behind."""
     _writer(caller, name)
-    content_type = request.headers.get("content-type", "")
-    records = await run_in_threadpool(_records, await request.body(), content_type)
+    records = await run_in_threadpool(_records, await request.body(), request.headers.get("content-type", ""))
     write = partial(
         ingest,
         conn,
@@ -213,12 +190,7 @@ async def add_documents(
         # the database enforces the same limits: a principal's batches are written under its role
         write_scope=None if caller is None else partial(principal_scope, conn, caller),
     )
-    try:
-        report = await run_in_threadpool(_write_creating, conn, name, write, caller is None)
-    except AgentDBError as exc:
-        if not _is_ndjson(content_type):
-            _array_path(exc)
-        raise
+    report = await run_in_threadpool(_write_creating, conn, name, write, caller is None)
     return IngestOut(
         documents=report.documents,
         chunks=report.chunks,
