@@ -178,15 +178,20 @@ async def post_edges(
     """Add explicit edges (a JSON array of {"from", "to", "type", "weight", "metadata"}) to an index without a
     field, all or nothing: the first bad edge is 3007 at `edges[i]...` and nothing is written."""
     _writer(caller, name)
+    edges = await run_in_threadpool(_edges, await request.body())  # a bulk upload: parsed off the event loop
+    return await run_in_threadpool(_write_edges, conn, caller, name, index, edges)
+
+
+def _edges(body: bytes) -> list[Any]:
     try:
-        edges = orjson.loads(await request.body())
+        edges = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidParamValue(f"invalid JSON: {exc}", path="edges") from None
     if not isinstance(edges, list):
         raise InvalidParamValue(
             'expected a JSON array of edges {"from", "to", "type", "weight", "metadata"}', path="edges"
         )
-    return await run_in_threadpool(_write_edges, conn, caller, name, index, edges)
+    return edges
 
 
 def _write_edges(
