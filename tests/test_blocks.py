@@ -33,6 +33,7 @@ from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNot
 from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
 from agentdb.sources import MERGE_LOCK_KEY, FieldSpec, create_document_source, get_source, optimize_source
+from tests.conftest import without_autovacuum
 from tests.filter_oracle import filters, matches, sample_metadata
 
 DIM = 8
@@ -754,9 +755,17 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
     conn: psycopg.Connection[Any], workers: int
 ) -> None:
     """agentdb optimize merges in term ranges, a VACUUM after each, on one connection or on two at once: it
-    leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction),
-    answers as before and as exhaustive BM25, and grows the block table's file by less than half of what it
-    rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes."""
+    leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction) and
+    answers as before and as exhaustive BM25. On one connection it grows the block table's file by less than
+    half of what it rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes.
+
+    A VACUUM frees a deleted version only once no transaction that began before the deletion committed is
+    still running. The merge's own VACUUMs are the only ones here: autovacuum is off for this test's tables
+    (its ANALYZE, run at any moment, holds such a snapshot). On one connection the ranges then run one after
+    the other and each VACUUM frees its range's versions, whatever the load. On two, the other connection's
+    range may have begun before that commit, so what each VACUUM frees depends on how the two interleave:
+    the file's growth is not asserted there."""
+    without_autovacuum(conn)
     _twin_block_sources(conn, ("sliced", "whole"), "v", seed=21, writes=10, size=400)
     queries = ["v0x v5x v77x", "v1x v2x", "v150x v399x v12x"]
     want = {q: _hits(retrieve(conn, "sliced", q, mode="lexical", top_k=20)) for q in queries}
@@ -810,9 +819,10 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
         assert_same_ranking(got, want[q])
         assert_same_ranking(got[:10], exhaustive(conn, "sliced", q, None, 10))
     # The table had no free space before (its blocks were only ever inserted): the sliced merge's new blocks
-    # went mostly into the space of the versions it deleted (16% of the rewritten bytes measured), where a merge
-    # in one transaction can reuse none of its own.
-    assert sliced_growth <= rewritten // 2
+    # went mostly into the space of the versions it deleted, where a merge in one transaction can reuse none of
+    # its own.
+    if workers == 1:
+        assert sliced_growth <= rewritten // 2
 
 
 def test_a_second_optimize_of_a_source_waits_for_the_first(
@@ -831,11 +841,20 @@ def test_a_second_optimize_of_a_source_waits_for_the_first(
             target=lambda: done.append(_optimize_on_own_connection(db_url, "first")), daemon=True
         )
         waiting.start()
-        waiting.join(timeout=3)
-        assert waiting.is_alive() and not done  # held back by the lock
+        # Held back by the lock: its request is seen waiting (not after a fixed sleep, which load can outlast).
+        for _ in range(1200):
+            row = conn.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and not granted"
+                " and classid = %s::oid and objid = %s::oid and objsubid = 2",
+                (MERGE_LOCK_KEY, first.id),
+            ).fetchone()
+            if row == (1,) or not waiting.is_alive():
+                break
+            threading.Event().wait(0.05)
+        assert row == (1,) and waiting.is_alive() and not done
         assert optimize_source(conn, "other")[1] > 0  # another source's merge does not wait
         holder.execute("select pg_advisory_unlock(%s, %s)", (MERGE_LOCK_KEY, first.id))
-        waiting.join(timeout=60)
+        waiting.join(timeout=600)
     assert done and done[0][1] < done[0][0]
     for name in ("first", "other"):
         assert lexical_check(conn, name) == {
