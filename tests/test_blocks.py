@@ -108,9 +108,11 @@ def exhaustive(
     conn: psycopg.Connection[Any], name: str, query: str, filter: dict[str, Any] | None, top_k: int
 ) -> list[tuple[str, int, float]]:
     """Okapi BM25 (k1 1.2, b 0.75) over every chunk of source `name`, from its tsvectors, in Python: the best
-    `top_k` chunks passing `filter` by (score desc, chunk id), then ordered by (score desc, doc id, chunk)."""
+    `top_k` chunks passing `filter` by (score desc, chunk id), then ordered by (score desc, doc id, chunk). A
+    query term counts once per occurrence in the query (its query frequency multiplies its weight)."""
     src = get_source(conn, name)
-    terms = {r[0] for r in conn.execute("select lexeme from unnest(to_tsvector('english', %s))", (query,))}
+    qtf = query_frequencies(conn, query)
+    terms = set(qtf)
     tf: dict[int, dict[str, int]] = defaultdict(dict)
     dl: dict[int, int] = {}
     keys: dict[int, tuple[str, int, dict[str, Any]]] = {}
@@ -132,7 +134,8 @@ def exhaustive(
         if not held or not matches(FIELD_DICTS, filter, keys[cid][0], keys[cid][2]):
             continue
         scores[cid] = sum(
-            math.log(1 + (n_chunks - df[t] + 0.5) / (df[t] + 0.5))
+            qtf[t]
+            * math.log(1 + (n_chunks - df[t] + 0.5) / (df[t] + 0.5))
             * 2.2
             * freqs[t]
             / (freqs[t] + 1.2 * (1 - 0.75) + 1.2 * 0.75 / avgdl * dl[cid])
@@ -140,6 +143,16 @@ def exhaustive(
         )
     best = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
     return sorted(((keys[c][0], keys[c][1], scores[c]) for c in best), key=lambda h: (-h[2], h[0], h[1]))
+
+
+def query_frequencies(conn: psycopg.Connection[Any], query: str) -> dict[str, int]:
+    """The lexemes of `query` (english) and how often the query says each, by its words' own count: the
+    words are counted in Python, each stemmed alone by to_tsvector, not read from the query's tsvector."""
+    counts: dict[str, int] = defaultdict(int)
+    for word in query.split():
+        for (lexeme,) in conn.execute("select lexeme from unnest(to_tsvector('english', %s))", (word,)):
+            counts[lexeme] += 1
+    return dict(counts)
 
 
 def assert_same_ranking(got: list[tuple[str, int, float]], want: list[tuple[str, int, float]]) -> None:
@@ -229,6 +242,32 @@ def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
     )
     assert [(h.id, h.chunk) for h in got.hits] == want
     assert [h.score for h in got.hits] == pytest.approx([float(fused[k]) for k in want], abs=1e-12)
+
+
+def test_a_repeated_query_word_counts_once_per_occurrence(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """A query term's weight is multiplied by how often the query says it (as Lucene's BooleanQuery of
+    repeated TermQuery clauses and bm25s score): both layouts, summed and pruned by MaxScore, and
+    agentdb.score_keys give exhaustive BM25 with query frequencies, and a word said three times scores each
+    chunk exactly three times as high as the word said once."""
+    queries = ["w3x w3x w17x", "w0x w9x w0x w9x w0x", "w41x w41x w41x w41x w2x", "w5x nowhere w5x"]
+    for seed in ("1", "20000"):
+        conn.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed,))
+        for query in queries:
+            want = exhaustive(conn, "blk", query, None, 20)
+            for name in TWINS:
+                assert_same_ranking(_hits(retrieve(conn, name, query, mode="lexical", top_k=20)), want)
+    docs = [d for d, _, _ in exhaustive(conn, "blk", "w3x w17x", None, 600)]
+    keyed = dict(
+        conn.execute(
+            "select doc_id, lexical from agentdb.score_keys('blk', %s, 'w3x w3x w17x')", (docs,)
+        ).fetchall()
+    )
+    assert keyed == pytest.approx({d: s for d, _, s in exhaustive(conn, "blk", "w3x w3x w17x", None, 600)})
+    once = {d: s for d, _, s in exhaustive(conn, "blk", "w41x", None, 600)}
+    thrice = {h.id: h.score for h in retrieve(conn, "blk", "w41x w41x w41x", mode="lexical", top_k=600).hits}
+    assert once and thrice == pytest.approx({d: 3 * s for d, s in once.items()}, rel=1e-12)
 
 
 def test_check_sees_broken_blocks_and_repair_rebuilds_them(
