@@ -32,7 +32,14 @@ from agentdb.db.pool import configure
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
-from agentdb.sources import MERGE_LOCK_KEY, FieldSpec, create_document_source, get_source, optimize_source
+from agentdb.sources import (
+    MERGE_LOCK_KEY,
+    FieldSpec,
+    create_document_source,
+    get_source,
+    optimize_source,
+    rebuild_lexical,
+)
 from tests.conftest import without_autovacuum
 from tests.filter_oracle import filters, matches, sample_metadata
 
@@ -309,6 +316,44 @@ def test_check_sees_broken_blocks_and_repair_rebuilds_them(
     assert not cli_main(["check", "blk", "--repair"])
     assert "repaired" in capsys.readouterr().out
     assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+
+
+def test_a_rebuild_cuts_blocks_in_chunk_order_and_leaves_them_vacuumed(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """A rebuild reads the source table in its physical order, which rows written again leave out of chunk
+    order; it cuts each term's blocks in chunk order all the same, as a merge does (the term's postings, block
+    by block, in ascending chunk order: disjoint narrow ranges), both when `agentdb check --repair` rebuilds
+    (sources.rebuild_lexical) and when a source moves to blocks. Afterwards the index matches its rows, answers
+    as exhaustive BM25, and the block table is vacuumed (every page all-visible) and analyzed."""
+    without_autovacuum(conn)
+    _both(conn, "update {table} set metadata = metadata where agentdb_chunk_id % 5 = 0")
+    for name in TWINS:
+        table = get_source(conn, name).table
+        physical = [r[0] for r in conn.execute(sql.SQL("select agentdb_chunk_id from {}").format(table))]
+        assert physical != sorted(physical)
+    rebuild_lexical(conn, "blk")
+    optimize_source(conn, "rws", layout="blocks")
+    for name in TWINS:
+        per_term: dict[str, list[int]] = defaultdict(list)
+        for term, first, offs in conn.execute(
+            "select b.term, b.first_chunk, b.offs from agentdb.posting_blocks b"
+            " join agentdb.sources s on s.id = b.source_id where s.name = %s order by b.term, b.first_chunk",
+            (name,),
+        ):
+            per_term[term] += [first + o for o in offs]
+        assert per_term and all(ids == sorted(set(ids)) for ids in per_term.values())
+        assert lexical_check(conn, name) == dict.fromkeys(CHECKS, 0)
+        query = "w0x w3x w17x w3x"
+        assert_same_ranking(
+            _hits(retrieve(conn, name, query, mode="lexical", top_k=20)),
+            exhaustive(conn, name, query, None, 20),
+        )
+    pages, visible, analyzed = conn.execute(
+        "select c.relpages, c.relallvisible, s.last_analyze is not null from pg_class c"
+        " join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'agentdb.posting_blocks'::regclass"
+    ).fetchone() or (0, 0, False)
+    assert pages > 0 and visible == pages and analyzed
 
 
 def test_layouts_convert_both_ways(conn: psycopg.Connection[Any], twins: random.Random) -> None:
