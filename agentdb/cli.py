@@ -503,6 +503,7 @@ def cmd_eval_nav(args: argparse.Namespace) -> None:
 
 def cmd_check(args: argparse.Namespace) -> None:
     from agentdb.db import run_sql
+    from agentdb.sources import rebuild_lexical
 
     with _connect(args) as conn:
         rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
@@ -515,7 +516,7 @@ def cmd_check(args: argparse.Namespace) -> None:
             raise AgentDBError(
                 "the lexical index does not match the documents", hint="run again with --repair"
             )
-        run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": args.source})
+        rebuild_lexical(conn, args.source)
         rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
 

@@ -575,6 +575,19 @@ def source_counts(conn: psycopg.Connection[Any], source: Source) -> dict[str, in
     return {"documents": int(row[0]), "chunks": int(row[1])} if row else {"documents": 0, "chunks": 0}
 
 
+def rebuild_lexical(conn: psycopg.Connection[Any], name: str) -> None:
+    """Recompute source `name`'s lexical index from its rows (agentdb.lexical_rebuild, in a transaction of its
+    own; `agentdb check --repair`), then leave it as a bulk load leaves it (ingest.pipeline.analyze_source):
+    partly filled blocks merged, the index tables vacuumed (the old postings' space free again, the visibility
+    map set for index-only scans) and analyzed (the planner's statistics are of the index before)."""
+    from agentdb.db import run_sql
+    from agentdb.ingest.pipeline import analyze_source
+
+    with conn.transaction():
+        run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": name})
+    analyze_source(conn, get_source(conn, name))
+
+
 def optimize_source(
     conn: psycopg.Connection[Any],
     name: str,
@@ -596,6 +609,7 @@ def optimize_source(
     (where VACUUM cannot run) the merge is one statement, as with `slices=1`."""
     from agentdb.db import can_vacuum, run_sql
 
+    rebuilt = layout is not None and get_source(conn, name).lexical_layout != layout
     if layout is not None:
         with conn.transaction():
             run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, %(l)s)", {"s": name, "l": layout})
@@ -634,6 +648,10 @@ def optimize_source(
         counts = [merge(conn, lo, hi) for lo, hi in ranges]
     else:
         counts = _merge_in_parallel(conn, blocks_source, ranges, min(workers, len(ranges)), merge)
+    if rebuilt:
+        # The old layout's postings are dead versions now, and the planner's statistics are of before.
+        tables = "agentdb.postings, agentdb.posting_blocks, agentdb.term_stats"
+        conn.execute(f"vacuum (analyze, truncate false) {tables}" if vacuum else f"analyze {tables}")
     return sum(b for b, _ in counts), sum(a for _, a in counts)
 
 

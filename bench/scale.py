@@ -14,7 +14,9 @@ same rows. Then 200 SciFact queries per mode are timed. A benchmark, not a test.
 
 Loading options: --writers N COPYs the batches on N connections at once (each batch its own transaction;
 the rows are the same whatever N); --lexical-only loads no vectors, builds no HNSW index and times the
-lexical rows only; --db-suffix loads into databases of its own; --check runs agentdb check afterwards.
+lexical rows only; --db-suffix loads into databases of its own; --check runs agentdb check afterwards;
+--rebuild-compare times each loaded source beside a copy of its database whose lexical index was rebuilt in
+place, as `agentdb check --repair` rebuilds it (results in scale_rebuild.json).
 """
 
 from __future__ import annotations
@@ -392,6 +394,120 @@ def time_modes(
     return out
 
 
+def rebuild_compare(
+    base_url: str, db: str, name: str, corpus: str, size: int, texts: list[str], repeat: int
+) -> dict[str, Any]:
+    """Source `name` as loaded into database `db` beside a copy of that database (CREATE DATABASE ... TEMPLATE)
+    whose lexical index is rebuilt in place as `agentdb check --repair` rebuilds it (sources.rebuild_lexical):
+    the rebuild's time, each one's blocks, the mean max_span of its frequent terms (df >= 1000; the chunk range
+    a lookup of such a term reads), its lexical index's bytes, and lexical top 10 and top 100 timed on both
+    (each in a block per pass, `repeat` passes) with their hits compared. The copy is dropped afterwards."""
+    from agentdb.retrieval import retrieve
+    from agentdb.sources import get_source, rebuild_lexical
+
+    copy = f"{db}_rebuilt"
+    with psycopg.connect(base_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(copy)))
+        admin.execute(
+            sql.SQL("create database {} template {} strategy file_copy").format(
+                sql.Identifier(copy), sql.Identifier(db)
+            )
+        )
+    loaded, rebuilt = connect(database_url(base_url, db)), connect(database_url(base_url, copy))
+    print(f"rebuilding {name}'s lexical index in place in {copy}...", flush=True)
+    t0 = time.perf_counter()
+    rebuild_lexical(rebuilt, name)
+    out: dict[str, Any] = {
+        "corpus": corpus,
+        "size": size,
+        "rebuild_s": round(time.perf_counter() - t0, 1),
+        "measured_at": machine_facts()["date"],
+        "load_average_1m": machine_facts()["load_average_1m"],
+        "timing_passes": repeat,
+    }
+    dbs = {"loaded": loaded, "rebuilt": rebuilt}
+    for label, c in dbs.items():
+        src = get_source(c, name)
+        row = c.execute(
+            "select (select count(*) from agentdb.posting_blocks where source_id = %(s)s),"
+            " (select avg(max_span)::float8 from agentdb.term_stats where source_id = %(s)s and df >= 1000)",
+            {"s": src.id},
+        ).fetchone()
+        assert row is not None
+        out[label] = {
+            "blocks": row[0],
+            "frequent_terms_mean_max_span": round(row[1] or 0.0, 1),
+            "lexical_index_bytes": relation_sizes(c, src.table, src.lexical_layout)["postings_total"],
+        }
+
+    def searcher(c: psycopg.Connection[Any], k: int) -> Callable[[int], list[tuple[str, int, float]]]:
+        def search(i: int) -> list[tuple[str, int, float]]:
+            hits = retrieve(c, name, texts[i], mode="lexical", top_k=k).hits
+            return [(h.id, h.chunk, round(h.score, 9)) for h in hits]
+
+        return search
+
+    for k in (10, 100):
+        hits, best, _ = time_systems(
+            [(label, searcher(c, k)) for label, c in dbs.items()],
+            len(texts),
+            desc=f"{name} loaded / rebuilt, top {k}",
+            repeat=repeat,
+        )
+        for label in dbs:
+            out[label][f"top{k}_p50_ms"] = percentile(best[label], 50)
+            out[label][f"top{k}_p95_ms"] = percentile(best[label], 95)
+        out[f"top{k}_same_hits"] = sum(a == b for a, b in zip(hits["loaded"], hits["rebuilt"], strict=True))
+    loaded.close()
+    rebuilt.close()
+    with psycopg.connect(base_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(copy)))
+    return out
+
+
+def print_rebuild_compare(compared: list[dict[str, Any]], queries: int, write: bool) -> None:
+    """The table of rebuild_compare's results; with `write`, written to results/scale_rebuild.json too."""
+    headers = ["corpus", "chunks", "index", "rebuild s", "blocks", "max_span, df >= 1000", "lexical index"]
+    headers += ["top 10 p50", "p95", "top 100 p50", "p95"]
+    rows = [
+        [
+            r["corpus"],
+            f"{r['size']:,}",
+            label,
+            r["rebuild_s"] if label == "rebuilt" else None,
+            f"{r[label]['blocks']:,}",
+            f"{r[label]['frequent_terms_mean_max_span']:,.0f}",
+            human_bytes(r[label]["lexical_index_bytes"]),
+            *(f"{r[label][f'top{k}_{p}_ms']:.2f}" for k in (10, 100) for p in ("p50", "p95")),
+        ]
+        for r in compared
+        for label in ("loaded", "rebuilt")
+    ]
+    print(format_table(headers, rows, left=3))
+    print(
+        "Lexical latency in ms (best of the passes per query, each database in a block per pass); max_span: the\n"
+        "mean over terms of df >= 1000 of the chunk range a lookup of the term reads; lexical index: as below\n"
+        "(the rebuilt copy's file keeps the space its old blocks held, free for reuse after the VACUUM)."
+    )
+    for r in compared:
+        print(
+            f"{r['corpus']} {r['size']:,}: same hits loaded and rebuilt: top 10 {r['top10_same_hits']}/{queries},"
+            f" top 100 {r['top100_same_hits']}/{queries}"
+        )
+    if not write:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "scale_rebuild.json"
+    out = {
+        "benchmark": "scale --rebuild-compare",
+        "machine": machine_facts(),
+        "queries": queries,
+        "results": compared,
+    }
+    path.write_text(json.dumps(out, indent=2, default=float) + "\n")
+    print(f"wrote {path.relative_to(RESULTS.parents[1])}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -453,6 +569,11 @@ def main() -> int:
         action="store_true",
         help="run agentdb check (agentdb.lexical_check) after the load and merge",
     )
+    parser.add_argument(
+        "--rebuild-compare",
+        action="store_true",
+        help="time each loaded source beside a copy whose lexical index was rebuilt in place (agentdb check --repair)",
+    )
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
     if args.writers < 1 or not re.fullmatch(r"[a-z0-9_]*", args.db_suffix):
@@ -485,6 +606,7 @@ def main() -> int:
     timings_path = CACHE / "scale_load_timings.json"
     saved: dict[str, Any] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     results: list[dict[str, Any]] = []
+    compared: list[dict[str, Any]] = []
     machine_versions = versions(base)
     from agentdb.sources import optimize_source
 
@@ -559,6 +681,8 @@ def main() -> int:
                 print(f"agentdb check {name}: {row['check_mismatches']} ({row['check_s']} s)", flush=True)
             results.append(row)
         conn.close()
+        if args.rebuild_compare:
+            compared.append(rebuild_compare(base_url, db, name, corpus, size, texts, args.repeat))
         if args.drop_after and size >= args.drop_after:
             before = dir_size_bytes(DATA_DIR)
             with psycopg.connect(base_url, autocommit=True) as admin:
@@ -668,6 +792,9 @@ def main() -> int:
                 f"target hybrid p50 <= {TARGET_HYBRID_P50_MS_1M:.0f} ms at 1M chunks ({r['layout']}): "
                 f"{p50:.2f} ms, {verdict}"
             )
+    if compared:
+        print()
+        print_rebuild_compare(compared, args.queries, not args.no_json)
     print(f"whole run {elapsed:.0f}s; data dir now {human_bytes(dir_size_bytes(DATA_DIR))}")
 
     if not args.no_json:

@@ -131,7 +131,7 @@ $$;
 -- chunk), grouped by term and the expression `grp` over alias e ('' for none), into blocks of source $1
 -- inserted into agentdb.posting_blocks, as a CTE list ending in `blocks` (term, first_chunk, last_chunk,
 -- max_tf, min_dl, n): the caller adds its own final statement over `blocks`. Each group's postings are cut
--- into blocks of 128: in chunk order when `sorted` (a merge, so that blocks cover narrow chunk ranges), else
+-- into blocks of 128: in chunk order when `sorted` (a merge, a rebuild: blocks of narrow chunk ranges), else
 -- in the order `rel` yields them (a write: its rows come in the order of their ids, so the same in practice,
 -- without sorting; hashing by term is 1.7x faster, measured). Nothing relies on that order but the width of
 -- a block's chunk range (term_stats.max_span, which lookups read). A block's bounds and offsets unnest its
@@ -179,7 +179,10 @@ $$;
 -- whole source table when rebuilding) to a source of layout `layout` and returns what they add to its
 -- statistics, one agentdb_internal.lexical_delta, for agentdb_internal.lexical_apply. Returned as text because
 -- only the trigger function itself can see its transition tables; $1 is the source id. It locks no shared row.
-create or replace function agentdb.lexical_add_sql(rel text, layout text) returns text
+-- `sorted` cuts blocks in chunk order (agentdb_internal.block_sql): a rebuild's, because a table is not read
+-- in chunk order (a row goes to whichever page has room for it), and one row out of place widens its block's
+-- chunk range, hence its term's max_span and so the blocks every lookup of the term reads.
+create or replace function agentdb.lexical_add_sql(rel text, layout text, sorted boolean default false) returns text
 language sql immutable as $$
 select case when layout = 'rows' then format($q$
     with entries as (
@@ -209,7 +212,7 @@ select case when layout = 'rows' then format($q$
     ), %2$s, term_delta as (
         select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
         from blocks group by term
-    ) %3$s $q$, rel, agentdb_internal.block_sql('postings', '', false), agentdb_internal.lexical_delta_sql(rel))
+    ) %3$s $q$, rel, agentdb_internal.block_sql('postings', '', sorted), agentdb_internal.lexical_delta_sql(rel))
     end
 $$;
 
@@ -367,7 +370,9 @@ begin
 end;
 $$;
 
--- Recompute a source's whole lexical index from its table (registration of a table with rows, repair).
+-- Recompute a source's whole lexical index from its table (registration of a table with rows, repair), its
+-- blocks cut in chunk order as a merge cuts them. The old postings stay behind as dead versions, and the
+-- statistics the planner has are of before: agentdb.sources.rebuild_lexical vacuums and analyzes afterwards.
 create or replace function agentdb.lexical_rebuild(source_name text) returns void
 language plpgsql as $$
 declare
@@ -382,7 +387,7 @@ begin
     delete from agentdb.postings where source_id = src.id;
     delete from agentdb.posting_blocks where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
-    execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout)
+    execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout, true)
         into delta using src.id;
     perform agentdb_internal.lexical_apply(src.id, delta);
 end;

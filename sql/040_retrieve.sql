@@ -67,7 +67,7 @@ $$;
 -- The lexical leg of agentdb.retrieve for queries whose postings exceed the seed budget: the exact BM25 top
 -- `cand` by MaxScore, over the query terms the source holds with their weights and statistics as the caller
 -- read them once (agentdb_internal.query_terms, a principal's role its own). Each term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl) to a chunk holding
--- it (wk_t = idf_t * (k1 + 1)), at most ub_t (the same at term_stats.max_tf and min_dl). Terms are taken in
+-- it (wk_t = idf_t * (k1 + 1) * qtf_t), at most ub_t (the same at term_stats.max_tf and min_dl). Terms are taken in
 -- descending ub. The state is the set of chunks that may still rank, each with its exact score over the terms
 -- taken so far (`known`), and theta, the cand-th best known score among chunks that pass the filter: a lower
 -- bound of the final cand-th score. A chunk whose known score plus the bounds of the terms not taken yet is
@@ -271,15 +271,22 @@ $$;
 
 -- The query terms that source `source_id` holds, as the caller may see them (a principal's role reads no
 -- term_stats row itself, but its own through agentdb.principal_term_stats), with their statistics (df, max_tf,
--- min_dl, max_span), each term's BM25 weight, idf x (k1 + 1), over `n_chunks` chunks, and their postings in
--- all; the arrays in one order. What the lexical leg of agentdb.retrieve (summed, or
--- agentdb_internal.bm25_maxscore) and agentdb.score_keys know of the query's terms.
+-- min_dl, max_span), each term's BM25 weight over `n_chunks` chunks, and their postings in all; the arrays in
+-- one order. What the lexical leg of agentdb.retrieve (summed, or agentdb_internal.bm25_maxscore) and
+-- agentdb.score_keys know of the query's terms. `query` is the query's tsvector: its lexemes are the terms,
+-- and a term's weight is idf x (k1 + 1) x qtf, qtf its number of positions in the query (how often the query
+-- says it; 1 without positions). So a query that repeats a word scores as the sum over its words, each
+-- occurrence once, as Lucene scores a BooleanQuery of repeated TermQuery clauses (it sums their boosts) and
+-- bm25s a query of repeated tokens: Okapi BM25's query-frequency factor (k3 + 1) qtf / (k3 + qtf) with k3
+-- unbounded. The weight is computed here only; every scorer takes it as given.
 create or replace function agentdb_internal.query_terms(
-    source_id int, terms text[], n_chunks float8, k1 float8,
+    source_id int, query tsvector, n_chunks float8, k1 float8,
     out held text[], out weights float8[], out postings bigint,
     out dfs bigint[], out max_tfs int[], out min_dls int[], out max_spans bigint[]
 )
 language plpgsql stable as $$
+declare
+    terms text[] := tsvector_to_array(query);
 begin
     if agentdb.current_principal() is not null then
         select array_agg(ts.term), array_agg(ts.df), array_agg(ts.max_tf), array_agg(ts.min_dl), array_agg(ts.max_span)
@@ -291,7 +298,8 @@ begin
         from agentdb.term_stats ts where ts.source_id = query_terms.source_id and ts.term = any(terms);
     end if;
     weights := array(select ln(1 + (n_chunks - d.df + 0.5) / (d.df + 0.5)) * (k1 + 1)
-                     from unnest(dfs) with ordinality d(df, n) order by d.n);
+                            * (select coalesce(cardinality(q.positions), 1) from unnest(query) q where q.lexeme = d.term)
+                     from unnest(held, dfs) with ordinality d(term, df, n) order by d.n);
     postings := coalesce((select sum(d) from unnest(dfs) d), 0);
 end;
 $$;
@@ -362,7 +370,7 @@ as $$
 declare
     src agentdb.sources;
     r record;
-    terms text[];
+    query_tsv tsvector;  -- the query's lexemes and their positions (none in dense mode)
     stats agentdb.corpus_stats;
     pred text;
     pred_params jsonb;
@@ -490,9 +498,7 @@ begin
     end if;
 
     -- The query's terms (none in dense mode: its statistics are then not read either).
-    terms := case when use_sparse
-                  then array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1)
-                  else '{}' end;
+    query_tsv := case when use_sparse then to_tsvector(src.ts_config, coalesce(query, '')) else ''::tsvector end;
     select * into stats from agentdb.corpus_stats s where s.source_id = src.id;
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
     setting := nullif(btrim(current_setting('agentdb.lexical_seed_postings', true)), '');
@@ -544,7 +550,7 @@ begin
                    then ''
                    else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                rel, pred, row_pred) end;
-    select * into qt from agentdb_internal.query_terms(src.id, terms, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
+    select * into qt from agentdb_internal.query_terms(src.id, query_tsv, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
     elsif qt.postings <= seed_budget then

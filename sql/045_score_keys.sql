@@ -39,7 +39,6 @@ declare
     src agentdb.sources;
     r record;
     s record;
-    terms text[];
     qt record;
     stats agentdb.corpus_stats;
     avgdl float8;
@@ -57,13 +56,13 @@ begin
     if coalesce(cardinality(keys), 0) = 0 then
         return;
     end if;
-    terms := array(select distinct t.lexeme from unnest(to_tsvector(src.ts_config, coalesce(query, ''))) t order by 1);
     select * into stats from agentdb.corpus_stats x where x.source_id = src.id;
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
     select * into r from agentdb_internal.source_row_sql(src);
     s := agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
                                           array['$4', '$5', '$6', '$7']);
-    select * into qt from agentdb_internal.query_terms(src.id, terms, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
+    select * into qt from agentdb_internal.query_terms(src.id, to_tsvector(src.ts_config, coalesce(query, '')),
+                                                       coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
     return query execute format($q$
         with c as materialized (
             select %1$s as doc_id, c.agentdb_chunk_id as cid, c.agentdb_embedding as emb

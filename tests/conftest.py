@@ -123,3 +123,20 @@ def fake() -> Iterator[tuple[Any, str]]:
     api = FakeAnthropicAPI()
     with serve(api) as url:
         yield api, url
+
+
+def without_autovacuum(conn: psycopg.Connection[Any]) -> None:
+    """Turn autovacuum off for every table that exists now in `conn`'s database outside the system catalogs.
+    A VACUUM frees a deleted row version, or marks a page all-visible, only once no transaction that may
+    still see the old state is running, and an autovacuum ANALYZE holds such a snapshot while it samples a
+    table: a test that asserts what a VACUUM of agentdb's achieved would then fail whenever one ran at the
+    same moment (more often under load, when both take longer). The catalogs cannot be switched off; their
+    ANALYZE samples a few hundred rows."""
+    for schema, table in conn.execute(
+        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+        " where c.relkind in ('r', 'm') and n.nspname not in ('pg_catalog', 'information_schema')"
+        " and n.nspname not like 'pg\\_toast%'"
+    ).fetchall():
+        conn.execute(
+            sql.SQL("alter table {} set (autovacuum_enabled = false)").format(sql.Identifier(schema, table))
+        )

@@ -32,7 +32,15 @@ from agentdb.db.pool import configure
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.memory import StoreSpec, write_records
 from agentdb.retrieval import retrieve
-from agentdb.sources import MERGE_LOCK_KEY, FieldSpec, create_document_source, get_source, optimize_source
+from agentdb.sources import (
+    MERGE_LOCK_KEY,
+    FieldSpec,
+    create_document_source,
+    get_source,
+    optimize_source,
+    rebuild_lexical,
+)
+from tests.conftest import without_autovacuum
 from tests.filter_oracle import filters, matches, sample_metadata
 
 DIM = 8
@@ -107,9 +115,11 @@ def exhaustive(
     conn: psycopg.Connection[Any], name: str, query: str, filter: dict[str, Any] | None, top_k: int
 ) -> list[tuple[str, int, float]]:
     """Okapi BM25 (k1 1.2, b 0.75) over every chunk of source `name`, from its tsvectors, in Python: the best
-    `top_k` chunks passing `filter` by (score desc, chunk id), then ordered by (score desc, doc id, chunk)."""
+    `top_k` chunks passing `filter` by (score desc, chunk id), then ordered by (score desc, doc id, chunk). A
+    query term counts once per occurrence in the query (its query frequency multiplies its weight)."""
     src = get_source(conn, name)
-    terms = {r[0] for r in conn.execute("select lexeme from unnest(to_tsvector('english', %s))", (query,))}
+    qtf = query_frequencies(conn, query)
+    terms = set(qtf)
     tf: dict[int, dict[str, int]] = defaultdict(dict)
     dl: dict[int, int] = {}
     keys: dict[int, tuple[str, int, dict[str, Any]]] = {}
@@ -131,7 +141,8 @@ def exhaustive(
         if not held or not matches(FIELD_DICTS, filter, keys[cid][0], keys[cid][2]):
             continue
         scores[cid] = sum(
-            math.log(1 + (n_chunks - df[t] + 0.5) / (df[t] + 0.5))
+            qtf[t]
+            * math.log(1 + (n_chunks - df[t] + 0.5) / (df[t] + 0.5))
             * 2.2
             * freqs[t]
             / (freqs[t] + 1.2 * (1 - 0.75) + 1.2 * 0.75 / avgdl * dl[cid])
@@ -139,6 +150,16 @@ def exhaustive(
         )
     best = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
     return sorted(((keys[c][0], keys[c][1], scores[c]) for c in best), key=lambda h: (-h[2], h[0], h[1]))
+
+
+def query_frequencies(conn: psycopg.Connection[Any], query: str) -> dict[str, int]:
+    """The lexemes of `query` (english) and how often the query says each, by its words' own count: the
+    words are counted in Python, each stemmed alone by to_tsvector, not read from the query's tsvector."""
+    counts: dict[str, int] = defaultdict(int)
+    for word in query.split():
+        for (lexeme,) in conn.execute("select lexeme from unnest(to_tsvector('english', %s))", (word,)):
+            counts[lexeme] += 1
+    return dict(counts)
 
 
 def assert_same_ranking(got: list[tuple[str, int, float]], want: list[tuple[str, int, float]]) -> None:
@@ -230,6 +251,32 @@ def test_blocks_equal_exhaustive_bm25_and_the_row_layout(
     assert [h.score for h in got.hits] == pytest.approx([float(fused[k]) for k in want], abs=1e-12)
 
 
+def test_a_repeated_query_word_counts_once_per_occurrence(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """A query term's weight is multiplied by how often the query says it (as Lucene's BooleanQuery of
+    repeated TermQuery clauses and bm25s score): both layouts, summed and pruned by MaxScore, and
+    agentdb.score_keys give exhaustive BM25 with query frequencies, and a word said three times scores each
+    chunk exactly three times as high as the word said once."""
+    queries = ["w3x w3x w17x", "w0x w9x w0x w9x w0x", "w41x w41x w41x w41x w2x", "w5x nowhere w5x"]
+    for seed in ("1", "20000"):
+        conn.execute("select set_config('agentdb.lexical_seed_postings', %s, false)", (seed,))
+        for query in queries:
+            want = exhaustive(conn, "blk", query, None, 20)
+            for name in TWINS:
+                assert_same_ranking(_hits(retrieve(conn, name, query, mode="lexical", top_k=20)), want)
+    docs = [d for d, _, _ in exhaustive(conn, "blk", "w3x w17x", None, 600)]
+    keyed = dict(
+        conn.execute(
+            "select doc_id, lexical from agentdb.score_keys('blk', %s, 'w3x w3x w17x')", (docs,)
+        ).fetchall()
+    )
+    assert keyed == pytest.approx({d: s for d, _, s in exhaustive(conn, "blk", "w3x w3x w17x", None, 600)})
+    once = {d: s for d, _, s in exhaustive(conn, "blk", "w41x", None, 600)}
+    thrice = {h.id: h.score for h in retrieve(conn, "blk", "w41x w41x w41x", mode="lexical", top_k=600).hits}
+    assert once and thrice == pytest.approx({d: 3 * s for d, s in once.items()}, rel=1e-12)
+
+
 def test_check_sees_broken_blocks_and_repair_rebuilds_them(
     conn: psycopg.Connection[Any],
     twins: random.Random,
@@ -269,6 +316,44 @@ def test_check_sees_broken_blocks_and_repair_rebuilds_them(
     assert not cli_main(["check", "blk", "--repair"])
     assert "repaired" in capsys.readouterr().out
     assert lexical_check(conn, "blk") == {"postings": 0, "term_stats": 0, "term_bounds": 0, "corpus_stats": 0}
+
+
+def test_a_rebuild_cuts_blocks_in_chunk_order_and_leaves_them_vacuumed(
+    conn: psycopg.Connection[Any], twins: random.Random
+) -> None:
+    """A rebuild reads the source table in its physical order, which rows written again leave out of chunk
+    order; it cuts each term's blocks in chunk order all the same, as a merge does (the term's postings, block
+    by block, in ascending chunk order: disjoint narrow ranges), both when `agentdb check --repair` rebuilds
+    (sources.rebuild_lexical) and when a source moves to blocks. Afterwards the index matches its rows, answers
+    as exhaustive BM25, and the block table is vacuumed (every page all-visible) and analyzed."""
+    without_autovacuum(conn)
+    _both(conn, "update {table} set metadata = metadata where agentdb_chunk_id % 5 = 0")
+    for name in TWINS:
+        table = get_source(conn, name).table
+        physical = [r[0] for r in conn.execute(sql.SQL("select agentdb_chunk_id from {}").format(table))]
+        assert physical != sorted(physical)
+    rebuild_lexical(conn, "blk")
+    optimize_source(conn, "rws", layout="blocks")
+    for name in TWINS:
+        per_term: dict[str, list[int]] = defaultdict(list)
+        for term, first, offs in conn.execute(
+            "select b.term, b.first_chunk, b.offs from agentdb.posting_blocks b"
+            " join agentdb.sources s on s.id = b.source_id where s.name = %s order by b.term, b.first_chunk",
+            (name,),
+        ):
+            per_term[term] += [first + o for o in offs]
+        assert per_term and all(ids == sorted(set(ids)) for ids in per_term.values())
+        assert lexical_check(conn, name) == dict.fromkeys(CHECKS, 0)
+        query = "w0x w3x w17x w3x"
+        assert_same_ranking(
+            _hits(retrieve(conn, name, query, mode="lexical", top_k=20)),
+            exhaustive(conn, name, query, None, 20),
+        )
+    pages, visible, analyzed = conn.execute(
+        "select c.relpages, c.relallvisible, s.last_analyze is not null from pg_class c"
+        " join pg_stat_user_tables s on s.relid = c.oid where c.oid = 'agentdb.posting_blocks'::regclass"
+    ).fetchone() or (0, 0, False)
+    assert pages > 0 and visible == pages and analyzed
 
 
 def test_layouts_convert_both_ways(conn: psycopg.Connection[Any], twins: random.Random) -> None:
@@ -754,9 +839,17 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
     conn: psycopg.Connection[Any], workers: int
 ) -> None:
     """agentdb optimize merges in term ranges, a VACUUM after each, on one connection or on two at once: it
-    leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction),
-    answers as before and as exhaustive BM25, and grows the block table's file by less than half of what it
-    rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes."""
+    leaves exactly the blocks and term statistics of the merge in one statement (inside a transaction) and
+    answers as before and as exhaustive BM25. On one connection it grows the block table's file by less than
+    half of what it rewrote. Two block sources get the same rows (hence the same chunk ids) in ten writes.
+
+    A VACUUM frees a deleted version only once no transaction that began before the deletion committed is
+    still running. The merge's own VACUUMs are the only ones here: autovacuum is off for this test's tables
+    (its ANALYZE, run at any moment, holds such a snapshot). On one connection the ranges then run one after
+    the other and each VACUUM frees its range's versions, whatever the load. On two, the other connection's
+    range may have begun before that commit, so what each VACUUM frees depends on how the two interleave:
+    the file's growth is not asserted there."""
+    without_autovacuum(conn)
     _twin_block_sources(conn, ("sliced", "whole"), "v", seed=21, writes=10, size=400)
     queries = ["v0x v5x v77x", "v1x v2x", "v150x v399x v12x"]
     want = {q: _hits(retrieve(conn, "sliced", q, mode="lexical", top_k=20)) for q in queries}
@@ -810,9 +903,10 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
         assert_same_ranking(got, want[q])
         assert_same_ranking(got[:10], exhaustive(conn, "sliced", q, None, 10))
     # The table had no free space before (its blocks were only ever inserted): the sliced merge's new blocks
-    # went mostly into the space of the versions it deleted (16% of the rewritten bytes measured), where a merge
-    # in one transaction can reuse none of its own.
-    assert sliced_growth <= rewritten // 2
+    # went mostly into the space of the versions it deleted, where a merge in one transaction can reuse none of
+    # its own.
+    if workers == 1:
+        assert sliced_growth <= rewritten // 2
 
 
 def test_a_second_optimize_of_a_source_waits_for_the_first(
@@ -831,11 +925,20 @@ def test_a_second_optimize_of_a_source_waits_for_the_first(
             target=lambda: done.append(_optimize_on_own_connection(db_url, "first")), daemon=True
         )
         waiting.start()
-        waiting.join(timeout=3)
-        assert waiting.is_alive() and not done  # held back by the lock
+        # Held back by the lock: its request is seen waiting (not after a fixed sleep, which load can outlast).
+        for _ in range(1200):
+            row = conn.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and not granted"
+                " and classid = %s::oid and objid = %s::oid and objsubid = 2",
+                (MERGE_LOCK_KEY, first.id),
+            ).fetchone()
+            if row == (1,) or not waiting.is_alive():
+                break
+            threading.Event().wait(0.05)
+        assert row == (1,) and waiting.is_alive() and not done
         assert optimize_source(conn, "other")[1] > 0  # another source's merge does not wait
         holder.execute("select pg_advisory_unlock(%s, %s)", (MERGE_LOCK_KEY, first.id))
-        waiting.join(timeout=60)
+        waiting.join(timeout=600)
     assert done and done[0][1] < done[0][0]
     for name in ("first", "other"):
         assert lexical_check(conn, name) == {

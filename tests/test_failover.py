@@ -156,7 +156,7 @@ def test_failover_by_repointing_the_url_file(trio: Cluster) -> None:
                 assert run.headers["X-Agentdb-Served-By"] in ("primary", follower.name)
             # The old primary's pool is closed; the promoted standby is no replica; the follower, replaying the
             # new primary's WAL, serves reads again.
-            _until("the old pool closed", lambda: old_pool.closed, timeout=10)
+            _until("the old pool closed", lambda: old_pool.closed)
             health = client.get("/healthz").json()
             assert health["primary"] | {"error": None} == {
                 "url": redact(leader.url()),
