@@ -38,9 +38,10 @@ $$;
 create or replace function agentdb_internal.lexical_path() returns text
 language sql stable as $$
 select case when coalesce(current_setting('agentdb.lexical_path', true), '') = 'sql' then 'sql'
-            when coalesce(has_function_privilege(to_regprocedure(
-                     'agentdb_accel.bm25_topk(int, boolean, text[], float8[], bigint[], int[], int[], bigint[], int,'
-                     ' float8, float8, float8)'), 'execute'), false) then 'accel'
+            when exists (select 1 from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+                         where n.nspname = 'agentdb_accel' and p.proname = 'bm25_topk'
+                           and has_schema_privilege(n.oid, 'usage') and has_function_privilege(p.oid, 'execute'))
+            then 'accel'
             else 'sql' end
 $$;
 
