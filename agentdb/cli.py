@@ -161,14 +161,16 @@ def cmd_stop(args: argparse.Namespace) -> None:
         )
 
 
-def _source_lines(url: str) -> list[dict[str, Any]]:
-    """The sources of the database at `url` with their counts ([] before the first migration)."""
+def _source_lines(url: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The sources of the database at `url` with their counts ([] before the first migration), and the lexical
+    path its retrieval takes (None before the first migration)."""
+    from agentdb.db.accel import describe
     from agentdb.sources import list_sources, source_counts
 
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         if conn.execute("select to_regclass('agentdb.sources')").fetchone() == (None,):
-            return []
-        return [{"name": s.name, **source_counts(conn, s)} for s in list_sources(conn)]
+            return [], None
+        return [{"name": s.name, **source_counts(conn, s)} for s in list_sources(conn)], describe(conn)
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -203,7 +205,7 @@ def cmd_status(args: argparse.Namespace) -> None:
             "agentdb_processes": status.users,
         }
     try:
-        report["sources"] = _source_lines(url) if url else []
+        report["sources"], report["lexical_path"] = _source_lines(url) if url else ([], None)
     except psycopg.OperationalError as exc:
         report["sources"] = None
         report["sources_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreachable"
@@ -242,6 +244,8 @@ def cmd_status(args: argparse.Namespace) -> None:
                 else "none",
             )
         )
+    if report.get("lexical_path"):
+        lines.append(("lexical", report["lexical_path"]))
     for replica in report["replicas"]:
         lag = "" if replica["lag_ms"] is None else f", replay lag {replica['lag_ms']:.0f} ms"
         where = replica.get("data_dir") or replica["url"]

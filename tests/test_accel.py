@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -158,3 +159,23 @@ def test_forcing_the_sql_path_and_no_compiler(
     pgdata = embedded_dir / "pg"
     assert accel.write_conf(pgdata, None)
     assert "agentdb.lexical_path = 'sql'" in (pgdata / accel.CONF_FILE).read_text()
+
+
+def test_status_and_healthz_say_which_path_serves(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from agentdb.api.app import create_app
+    from agentdb.config import Settings
+    from tests.test_cli import run
+
+    report = orjson.loads(run(["status", "--json"], db_url).stdout)
+    assert report["lexical_path"] == "accelerated (agentdb_accel, C)"
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        assert client.get("/healthz").json()["lexical_path"] == "accel"
+    conn.execute(
+        sql.SQL("alter database {} set agentdb.lexical_path = 'sql'").format(sql.Identifier(conn.info.dbname))
+    )
+    report = orjson.loads(run(["status", "--json"], db_url).stdout)
+    assert report["lexical_path"] == "plain SQL (agentdb.lexical_path is 'sql' (AGENTDB_LEXICAL_PATH=sql))"
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        assert client.get("/healthz").json()["lexical_path"] == "sql"

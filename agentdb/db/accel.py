@@ -240,3 +240,28 @@ def path_in_use(conn: psycopg.Connection[Any]) -> str:
     """The lexical path that retrieval takes on `conn`: 'accel' or 'sql' (agentdb_internal.lexical_path)."""
     row = conn.execute("select agentdb_internal.lexical_path()").fetchone()
     return str(row[0]) if row else "sql"
+
+
+def describe(conn: psycopg.Connection[Any]) -> str:
+    """Which lexical path serves retrieval on `conn`, and why when it is the plain SQL one (for status)."""
+    if path_in_use(conn) == "accel":
+        return "accelerated (agentdb_accel, C)"
+    row = conn.execute(
+        "select coalesce(current_setting('agentdb.lexical_path', true), '') = 'sql',"
+        " exists (select 1 from pg_extension where extname = %s),"
+        " exists (select 1 from pg_available_extensions where name = %s)",
+        (EXTENSION, EXTENSION),
+    ).fetchone()
+    assert row is not None
+    forced, installed, available = row
+    if forced:
+        why = f"agentdb.lexical_path is 'sql' ({PATH_ENV}=sql)"
+    elif installed:
+        why = "this role may not call the accelerator"
+    elif available:
+        why = "the agentdb_accel extension is not created in this database: run `agentdb migrate`"
+    else:
+        why = (
+            "the server offers no agentdb_accel extension (no compiler when it started, or a managed server)"
+        )
+    return f"plain SQL ({why})"
