@@ -110,6 +110,12 @@ typedef struct Postings
 	TupleTableSlot *slot;
 	IndexScanDesc term_scan;	/* source_id = and term = */
 	IndexScanDesc probe_scan;	/* and the chunk (rows) or the blocks that may hold it */
+	/* Attribute numbers: of the chunk (rows) or first_chunk (blocks), and of what each posting holds. */
+	AttrNumber	att_chunk;
+	AttrNumber	att_last;		/* blocks: last_chunk */
+	AttrNumber	att_tf;			/* rows: tf; blocks: tfs */
+	AttrNumber	att_dl;			/* rows: dl; blocks: dls */
+	AttrNumber	att_offs;		/* blocks: offs */
 	MemoryContext scratch;		/* detoasted arrays of one block */
 	double		k_len;			/* the BM25 denominator: tf + k_len + k_dl * dl */
 	double		k_dl;
@@ -137,6 +143,18 @@ open_table(const char *name)
 	return table_open(relid, AccessShareLock);
 }
 
+static AttrNumber
+column(Relation rel, const char *name)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(rel), name);
+
+	if (att == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("%s has no column %s", RelationGetRelationName(rel), name)));
+	return att;
+}
+
 static void
 postings_open(Postings *p, int32 source_id, bool blocks, double k_len, double k_dl)
 {
@@ -157,6 +175,20 @@ postings_open(Postings *p, int32 source_id, bool blocks, double k_len, double k_
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("the key index of %s is missing", RelationGetRelationName(p->heap))));
 	p->index = index_open(index_oid, AccessShareLock);
+	p->att_chunk = column(p->heap, blocks ? "first_chunk" : "chunk_id");
+	p->att_last = blocks ? column(p->heap, "last_chunk") : InvalidAttrNumber;
+	p->att_tf = column(p->heap, blocks ? "tfs" : "tf");
+	p->att_dl = column(p->heap, blocks ? "dls" : "dl");
+	p->att_offs = blocks ? column(p->heap, "offs") : InvalidAttrNumber;
+	/* The scans key on the index's first three columns: (source_id, term, the chunk or the first chunk). */
+	if (p->index->rd_index->indnkeyatts < 3 ||
+		p->index->rd_index->indkey.values[0] != column(p->heap, "source_id") ||
+		p->index->rd_index->indkey.values[1] != column(p->heap, "term") ||
+		p->index->rd_index->indkey.values[2] != p->att_chunk)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the key index of %s is not on (source_id, term, %s)",
+						RelationGetRelationName(p->heap), blocks ? "first_chunk" : "chunk_id")));
 	p->term_collation = p->index->rd_indcollation[1];
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
@@ -201,11 +233,11 @@ block_arrays(Postings *p, int64 *first, int32 **offs, int16 **tfs, int32 **dls)
 	MemoryContext old;
 	int			n;
 
-	*first = DatumGetInt64(slot_getattr(p->slot, 3, &isnull));
+	*first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
 	old = MemoryContextSwitchTo(p->scratch);
-	a_offs = DatumGetArrayTypeP(slot_getattr(p->slot, 7, &isnull));
-	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, 8, &isnull));
-	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, 9, &isnull));
+	a_offs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_offs, &isnull));
+	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tf, &isnull));
+	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_dl, &isnull));
 	MemoryContextSwitchTo(old);
 	n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
 	if (ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
@@ -273,8 +305,8 @@ scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BatchVisito
 			int			n;
 			int			i;
 
-			first = DatumGetInt64(slot_getattr(p->slot, 3, &isnull));
-			if (!range_holds(cands, ncands, first, DatumGetInt64(slot_getattr(p->slot, 4, &isnull))))
+			first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
+			if (!range_holds(cands, ncands, first, DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull))))
 				continue;
 			n = block_arrays(p, &first, &offs, &tfs, &dls);
 			for (i = 0; i < n; i++)
@@ -292,9 +324,9 @@ scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BatchVisito
 		}
 		else
 		{
-			batch->cid[batch->n] = DatumGetInt64(slot_getattr(p->slot, 3, &isnull));
-			batch->tf[batch->n] = DatumGetInt32(slot_getattr(p->slot, 4, &isnull));
-			batch->dl[batch->n] = DatumGetInt32(slot_getattr(p->slot, 5, &isnull));
+			batch->cid[batch->n] = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
+			batch->tf[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull));
+			batch->dl[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull));
 			if (++batch->n == BATCH)
 			{
 				visit(arg, t, batch);
@@ -341,7 +373,7 @@ probe(Postings *p, QueryTerm *t, int64 cid)
 			int32		off;
 			bool		found = false;
 
-			if (DatumGetInt64(slot_getattr(p->slot, 4, &isnull)) < cid)
+			if (DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull)) < cid)
 				continue;
 			n = block_arrays(p, &first, &offs, &tfs, &dls);
 			off = (int32) (cid - first);
@@ -360,8 +392,8 @@ probe(Postings *p, QueryTerm *t, int64 cid)
 		}
 		else
 		{
-			c = contribution(p, t->wk, DatumGetInt32(slot_getattr(p->slot, 4, &isnull)),
-							 DatumGetInt32(slot_getattr(p->slot, 5, &isnull)));
+			c = contribution(p, t->wk, DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull)),
+							 DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull)));
 			break;
 		}
 	}
