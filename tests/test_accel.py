@@ -179,3 +179,22 @@ def test_status_and_healthz_say_which_path_serves(db_url: str, conn: psycopg.Con
     assert report["lexical_path"] == "plain SQL (agentdb.lexical_path is 'sql' (AGENTDB_LEXICAL_PATH=sql))"
     with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
         assert client.get("/healthz").json()["lexical_path"] == "sql"
+
+
+def test_accel_build_for_a_self_hosted_server(tmp_path: Path) -> None:
+    """`agentdb accel build` compiles against the given pg_config and says what to install where."""
+    from agentdb.db.server import _never_started
+    from tests.test_cli import run
+
+    pg_config = Path(_never_started().bin_path) / "pg_config"
+    out = tmp_path / "build"
+    done = run(["accel", "build", "--pg-config", str(pg_config), "--out", str(out)], None)
+    assert (out / "lib" / "agentdb_accel.so").is_file()
+    assert (out / "share" / "extension" / "agentdb_accel.control").is_file()
+    assert f"extension_control_path = '$system:{out / 'share'}'" in done.stdout
+    failed = run(
+        ["accel", "build", "--pg-config", str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+        None,
+        check=False,
+    )
+    assert failed.returncode != 0 and "InvalidParamValue" in failed.stderr
