@@ -26,8 +26,13 @@ dev: $(VENV)/.dev-installed
 run: install
 	$(BIN)/agentdb demo
 
+# The whole suite takes the accelerated lexical path where the accelerator builds (tests/test_accel.py compares
+# both paths in one session); the lexical test files run once more with the plain SQL path forced.
+LEXICAL_TESTS := tests/test_blocks.py tests/test_fusion.py tests/test_retrieval_scifact.py
+
 test: dev
 	$(BIN)/python -m pytest -q
+	AGENTDB_LEXICAL_PATH=sql $(BIN)/python -m pytest -q $(LEXICAL_TESTS)
 
 lint: dev
 	$(BIN)/ruff check agentdb navigation tests bench examples

@@ -161,14 +161,37 @@ def cmd_stop(args: argparse.Namespace) -> None:
         )
 
 
-def _source_lines(url: str) -> list[dict[str, Any]]:
-    """The sources of the database at `url` with their counts ([] before the first migration)."""
+def _source_lines(url: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The sources of the database at `url` with their counts ([] before the first migration), and the lexical
+    path its retrieval takes (None before the first migration)."""
+    from agentdb.db.accel import describe
     from agentdb.sources import list_sources, source_counts
 
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         if conn.execute("select to_regclass('agentdb.sources')").fetchone() == (None,):
-            return []
-        return [{"name": s.name, **source_counts(conn, s)} for s in list_sources(conn)]
+            return [], None
+        return [{"name": s.name, **source_counts(conn, s)} for s in list_sources(conn)], describe(conn)
+
+
+def cmd_accel_build(args: argparse.Namespace) -> None:
+    from agentdb.db.accel import BuildError, compile_into
+
+    out = args.out.expanduser().resolve()
+    if out.exists():
+        raise InvalidParamValue(f"{out} exists already", path="out", hint="name a new folder with --out")
+    try:
+        built = compile_into(args.pg_config.expanduser().resolve(), out)
+    except BuildError as exc:
+        raise InvalidParamValue(str(exc), path="pg_config") from exc
+    print(
+        f"built agentdb_accel in {out}. Install it on the server's machine, either\n"
+        f"  into the server's own folders: copy {built.share / 'extension'}/* to `pg_config --sharedir`/extension/\n"
+        f"    and {built.lib}/agentdb_accel.so to `pg_config --pkglibdir`/\n"
+        f"  or where it is, in postgresql.conf (then reload):\n"
+        f"    extension_control_path = '$system:{built.share}'\n"
+        f"    dynamic_library_path = '$libdir:{built.lib}'\n"
+        "then run `agentdb migrate` (as a role that may create extensions) to create it in agentdb's database."
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -203,7 +226,7 @@ def cmd_status(args: argparse.Namespace) -> None:
             "agentdb_processes": status.users,
         }
     try:
-        report["sources"] = _source_lines(url) if url else []
+        report["sources"], report["lexical_path"] = _source_lines(url) if url else ([], None)
     except psycopg.OperationalError as exc:
         report["sources"] = None
         report["sources_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreachable"
@@ -242,6 +265,8 @@ def cmd_status(args: argparse.Namespace) -> None:
                 else "none",
             )
         )
+    if report.get("lexical_path"):
+        lines.append(("lexical", report["lexical_path"]))
     for replica in report["replicas"]:
         lag = "" if replica["lag_ms"] is None else f", replay lag {replica['lag_ms']:.0f} ms"
         where = replica.get("data_dir") or replica["url"]
@@ -1232,6 +1257,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["rows", "blocks"],
         help="store the BM25 postings as one row per term and chunk, or in blocks of 128 chunks per term",
     )
+
+    help_text = "agentdb's C accelerator of the lexical leg, for a self-hosted PostgreSQL 18"
+    p = sub.add_parser("accel", help=help_text, description=help_text)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    help_text = "compile it against a server's pg_config and print what to install where"
+    q = actions.add_parser("build", help=help_text, description=help_text)
+    q.set_defaults(func=cmd_accel_build)
+    q.add_argument("--pg-config", required=True, type=Path, help="the server's pg_config")
+    q.add_argument("--out", type=Path, default=Path("agentdb-accel"), help="where to put the build")
 
     help_text = "hierarchy and graph indexes over a source: trees, graphs and explicit edges"
     p = sub.add_parser("index", help=help_text, description=help_text)

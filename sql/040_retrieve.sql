@@ -410,6 +410,7 @@ declare
     principal boolean;
     rel text;           -- the relation read for the current role (agentdb.source_relation)
     open_rows boolean;  -- no filter, no row filter, and no row-level security in force for the current role
+    lexical_path text;  -- 'accel': agentdb's C cursor (sql/025_accel.sql) serves the lexical leg; 'sql': plain SQL
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
@@ -551,8 +552,13 @@ begin
                    else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                rel, pred, row_pred) end;
     select * into qt from agentdb_internal.query_terms(src.id, query_tsv, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
+    lexical_path := case when use_sparse then agentdb_internal.lexical_path() else 'sql' end;
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
+    elsif lexical_path = 'accel' then
+        sparse_sql := format(
+            'select m.cid, m.bm25 from agentdb_internal.bm25_accel($9, %L, $2, $21, $22, $23, $24, $25, $3, $11, $12,'
+            ' $13, %L, $5, $6, $14, $17, $18) m', src.lexical_layout = 'blocks', filter_join);
     elsif qt.postings <= seed_budget then
         sparse_sql := format($q$
             select s.chunk_id as cid, s.known::float8 as bm25
@@ -662,7 +668,8 @@ begin
             'dense_raw_count', dense_raw,
             'dense_filtered_count', dense_raw - dense_kept,
             'sparse_raw_count', sparse_raw,
-            'fused_candidate_count', case when mode = 'hybrid' then fused_count else 0 end);
+            'fused_candidate_count', case when mode = 'hybrid' then fused_count else 0 end,
+            'lexical_path', lexical_path);
     end if;
 
     return json_build_object(

@@ -39,6 +39,7 @@ from agentdb.api.guard import RequestGuard, json_path, refuse
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
+from agentdb.db.accel import path_in_use
 from agentdb.db.migrate import migrate, require_current
 from agentdb.db.pool import open_pool
 from agentdb.db.primary import PrimaryWatcher
@@ -100,6 +101,8 @@ class Health(BaseModel):
     replicas: list[ReplicaOut] = []
     # With DATABASE_URL_FILE: the primary it names (None without the file).
     primary: PrimaryOut | None = None
+    # The path of the lexical leg: "accel" (agentdb's C extension) or "sql" (plain SQL).
+    lexical_path: str = "sql"
 
 
 class SourceOut(BaseModel):
@@ -254,6 +257,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             version=__version__,
             replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
             primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
+            lexical_path=path_in_use(conn),
         )
 
     @app.get("/sources/{name}", response_model=SourceOut)

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from agentdb.db import accel
 from agentdb.errors import DatabaseSetupError
 
 log = logging.getLogger(__name__)
@@ -82,13 +83,16 @@ def start_embedded(
         pin(data_dir)
     admin_url = server.get_uri()
     # A data directory initialized by this start, or a server already running with other settings: apply
-    # all but shared_buffers now; that one at the next start.
-    if write_tuning(pgdata) or changed:
+    # all but shared_buffers now; that one at the next start. The accelerator is built here on the first start.
+    accel_changed = accel.prepare_embedded(pgdata, Path(server.bin_path))
+    if write_tuning(pgdata) or changed or accel_changed:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute("select pg_reload_conf()")
+        accel.await_reload(admin_url, pgdata)
     _ensure_database(admin_url, DATABASE_NAME)
-    log.info("embedded PostgreSQL running in %s", data_dir)
-    return str(server.get_uri(database=DATABASE_NAME))
+    url = str(server.get_uri(database=DATABASE_NAME))
+    log.info("embedded PostgreSQL running in %s (lexical path: %s)", data_dir, accel.install(url))
+    return url
 
 
 # glibc's allocator in the server's processes. By default a backend hands the memory a query freed back to

@@ -1,0 +1,741 @@
+/*
+ * agentdb_accel: the exact Okapi BM25 top k of a query over agentdb's own postings, as a cursor in C.
+ *
+ * It reads the tables the plain SQL path reads (agentdb.posting_blocks, or agentdb.postings for a source in the
+ * row layout) through their primary key indexes, under the caller's snapshot: the same rows, crash safety and
+ * transactional visibility as every other reader, with no structure of its own to keep equal to them.
+ *
+ * The caller (agentdb_internal.bm25_accel, sql/025_accel.sql) passes each query term with its weight
+ * wk = idf x (k1 + 1) and its statistics as the SQL side read them, so both paths score with one definition:
+ * a chunk holding term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl), evaluated in that order.
+ *
+ * Top k by MaxScore, term at a time. Each term's contribution is at most ub_t (at its max_tf and min_dl).
+ * Terms are taken in descending ub; their postings are summed into an accumulator while the bounds of the
+ * terms not taken yet sum to at least theta, the k-th best partial score (a chunk none of the terms taken so
+ * far holds could still rank). The remaining terms can only add to chunks already held: those whose score
+ * plus the remaining bounds reach theta stay candidates, and each remaining term is added to them, by a scan
+ * of its postings that skips blocks holding no candidate, or by one index probe a candidate when they are few
+ * beside the term's postings. The result is the k best chunks by (score desc, chunk id) among every chunk
+ * holding a query term, visible to the caller's filters or not: the caller applies them.
+ *
+ * Everything is allocated in a memory context of the call, deleted before it returns; nothing outlives it.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/skey.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type_d.h"
+#include "common/hashfn.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/rls.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+
+PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.0");
+
+PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk);
+
+/* Postings are decoded into batches of this many (a block holds up to 128). */
+#define BATCH 128
+
+/*
+ * A remaining term is added to the candidates by one index probe each while they number less than
+ * 1/PROBE_SHARE of its postings, else by a scan of its postings.
+ */
+#define PROBE_SHARE 64
+
+/* The accumulator: chunk id -> partial score. */
+typedef struct AccEntry
+{
+	int64		cid;
+	double		score;
+	char		status;
+} AccEntry;
+
+#define SH_PREFIX acc
+#define SH_ELEMENT_TYPE AccEntry
+#define SH_KEY_TYPE int64
+#define SH_KEY cid
+#define SH_HASH_KEY(tb, key) ((uint32) murmurhash64((uint64) (key)))
+#define SH_EQUAL(tb, a, b) ((a) == (b))
+#define SH_SCOPE static inline
+#define SH_DECLARE
+#define SH_DEFINE
+#include "lib/simplehash.h"
+
+typedef struct QueryTerm
+{
+	Datum		term;			/* text */
+	double		wk;				/* idf x (k1 + 1), the caller's */
+	double		ub;				/* the largest contribution it can make */
+	int64		df;
+	int64		max_span;		/* block layout: the widest chunk range of its blocks */
+} QueryTerm;
+
+typedef struct Batch
+{
+	int			n;
+	int64		cid[BATCH];
+	int32		tf[BATCH];
+	int32		dl[BATCH];
+} Batch;
+
+/* The postings of one source in one layout, read through the table's primary key. */
+typedef struct Postings
+{
+	bool		blocks;
+	int32		source_id;
+	Relation	heap;
+	Relation	index;
+	Oid			term_collation;
+	Snapshot	snapshot;
+	TupleTableSlot *slot;
+	IndexScanDesc term_scan;	/* source_id = and term = */
+	IndexScanDesc probe_scan;	/* and the chunk (rows) or the blocks that may hold it */
+	/* Attribute numbers: of the chunk (rows) or first_chunk (blocks), and of what each posting holds. */
+	AttrNumber	att_chunk;
+	AttrNumber	att_last;		/* blocks: last_chunk */
+	AttrNumber	att_tf;			/* rows: tf; blocks: tfs */
+	AttrNumber	att_dl;			/* rows: dl; blocks: dls */
+	AttrNumber	att_offs;		/* blocks: offs */
+	MemoryContext scratch;		/* detoasted arrays of one block */
+	double		k_len;			/* the BM25 denominator: tf + k_len + k_dl * dl */
+	double		k_dl;
+} Postings;
+
+static Relation
+open_table(const char *name)
+{
+	Oid			relid = get_relname_relid(name, get_namespace_oid("agentdb", false));
+	AclResult	acl;
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("agentdb.%s does not exist", name)));
+	acl = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
+	if (acl != ACLCHECK_OK)
+		aclcheck_error(acl, OBJECT_TABLE, name);
+	/* The cursor reads the heap directly: refuse a role whose reads row security would filter. */
+	if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("row security applies to agentdb.%s for the current role", name),
+				 errhint("Such roles read postings through the plain SQL path.")));
+	return table_open(relid, AccessShareLock);
+}
+
+static AttrNumber
+column(Relation rel, const char *name)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(rel), name);
+
+	if (att == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("%s has no column %s", RelationGetRelationName(rel), name)));
+	return att;
+}
+
+static void
+postings_open(Postings *p, int32 source_id, bool blocks, double k_len, double k_dl)
+{
+	Oid			index_oid;
+
+	memset(p, 0, sizeof(Postings));
+	p->blocks = blocks;
+	p->source_id = source_id;
+	p->k_len = k_len;
+	p->k_dl = k_dl;
+	p->heap = open_table(blocks ? "posting_blocks" : "postings");
+	if (blocks)
+		index_oid = RelationGetPrimaryKeyIndex(p->heap, false);
+	else
+		index_oid = get_relname_relid("postings_term_idx", RelationGetNamespace(p->heap));
+	if (!OidIsValid(index_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("the key index of %s is missing", RelationGetRelationName(p->heap))));
+	p->index = index_open(index_oid, AccessShareLock);
+	p->att_chunk = column(p->heap, blocks ? "first_chunk" : "chunk_id");
+	p->att_last = blocks ? column(p->heap, "last_chunk") : InvalidAttrNumber;
+	p->att_tf = column(p->heap, blocks ? "tfs" : "tf");
+	p->att_dl = column(p->heap, blocks ? "dls" : "dl");
+	p->att_offs = blocks ? column(p->heap, "offs") : InvalidAttrNumber;
+	/* The scans key on the index's first three columns: (source_id, term, the chunk or the first chunk). */
+	if (p->index->rd_index->indnkeyatts < 3 ||
+		p->index->rd_index->indkey.values[0] != column(p->heap, "source_id") ||
+		p->index->rd_index->indkey.values[1] != column(p->heap, "term") ||
+		p->index->rd_index->indkey.values[2] != p->att_chunk)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the key index of %s is not on (source_id, term, %s)",
+						RelationGetRelationName(p->heap), blocks ? "first_chunk" : "chunk_id")));
+	p->term_collation = p->index->rd_indcollation[1];
+	p->snapshot = GetActiveSnapshot();
+	p->slot = table_slot_create(p->heap, NULL);
+	p->term_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
+	p->probe_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, blocks ? 4 : 3, 0);
+	p->scratch = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel block", ALLOCSET_SMALL_SIZES);
+}
+
+static void
+postings_close(Postings *p)
+{
+	index_endscan(p->term_scan);
+	index_endscan(p->probe_scan);
+	ExecDropSingleTupleTableSlot(p->slot);
+	index_close(p->index, AccessShareLock);
+	table_close(p->heap, AccessShareLock);
+}
+
+/* The keys source_id = p->source_id and term = t. */
+static void
+term_keys(Postings *p, ScanKey keys, QueryTerm *t)
+{
+	ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(p->source_id));
+	ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, p->term_collation,
+						   F_TEXTEQ, t->term);
+}
+
+static inline double
+contribution(const Postings *p, double wk, int32 tf, int32 dl)
+{
+	return wk * tf / (tf + p->k_len + p->k_dl * dl);
+}
+
+/* The arrays of the block in p->slot, detoasted into p->scratch, checked to be of one length. */
+static int
+block_arrays(Postings *p, int64 *first, int32 **offs, int16 **tfs, int32 **dls)
+{
+	bool		isnull;
+	ArrayType  *a_offs;
+	ArrayType  *a_tfs;
+	ArrayType  *a_dls;
+	MemoryContext old;
+	int			n;
+
+	*first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
+	old = MemoryContextSwitchTo(p->scratch);
+	a_offs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_offs, &isnull));
+	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tf, &isnull));
+	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_dl, &isnull));
+	MemoryContextSwitchTo(old);
+	n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
+	if (ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
+		ArrayGetNItems(ARR_NDIM(a_tfs), ARR_DIMS(a_tfs)) != n ||
+		ArrayGetNItems(ARR_NDIM(a_dls), ARR_DIMS(a_dls)) != n ||
+		ARR_ELEMTYPE(a_offs) != INT4OID || ARR_ELEMTYPE(a_tfs) != INT2OID || ARR_ELEMTYPE(a_dls) != INT4OID)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("a posting block of source %d is malformed", p->source_id),
+				 errhint("Run agentdb check --repair on the source.")));
+	*offs = (int32 *) ARR_DATA_PTR(a_offs);
+	*tfs = (int16 *) ARR_DATA_PTR(a_tfs);
+	*dls = (int32 *) ARR_DATA_PTR(a_dls);
+	return n;
+}
+
+/*
+ * Whether a chunk of [lo, hi] is among the sorted candidate ids `cands` (n of them); none given: always.
+ */
+static inline bool
+range_holds(const int64 *cands, int n, int64 lo, int64 hi)
+{
+	int			l = 0;
+	int			r = n;
+
+	if (cands == NULL)
+		return true;
+	while (l < r)
+	{
+		int			m = l + (r - l) / 2;
+
+		if (cands[m] < lo)
+			l = m + 1;
+		else
+			r = m;
+	}
+	return l < n && cands[l] <= hi;
+}
+
+/*
+ * Call `visit` on every batch of term t's postings; in the block layout blocks whose chunk range holds none
+ * of the sorted `cands` (when given) are skipped undecoded.
+ */
+typedef void (*BatchVisitor) (void *arg, QueryTerm *t, const Batch *batch);
+
+static void
+scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BatchVisitor visit, void *arg)
+{
+	ScanKeyData keys[2];
+	Batch	   *batch = palloc(sizeof(Batch));
+	bool		isnull;
+
+	term_keys(p, keys, t);
+	index_rescan(p->term_scan, keys, 2, NULL, 0);
+	batch->n = 0;
+	while (index_getnext_slot(p->term_scan, ForwardScanDirection, p->slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (p->blocks)
+		{
+			int64		first;
+			int32	   *offs;
+			int16	   *tfs;
+			int32	   *dls;
+			int			n;
+			int			i;
+
+			first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
+			if (!range_holds(cands, ncands, first, DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull))))
+				continue;
+			n = block_arrays(p, &first, &offs, &tfs, &dls);
+			for (i = 0; i < n; i++)
+			{
+				batch->cid[batch->n] = first + offs[i];
+				batch->tf[batch->n] = tfs[i];
+				batch->dl[batch->n] = dls[i];
+				if (++batch->n == BATCH)
+				{
+					visit(arg, t, batch);
+					batch->n = 0;
+				}
+			}
+			MemoryContextReset(p->scratch);
+		}
+		else
+		{
+			batch->cid[batch->n] = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
+			batch->tf[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull));
+			batch->dl[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull));
+			if (++batch->n == BATCH)
+			{
+				visit(arg, t, batch);
+				batch->n = 0;
+			}
+		}
+	}
+	if (batch->n > 0)
+		visit(arg, t, batch);
+	pfree(batch);
+}
+
+/* Term t's contribution to chunk `cid`, or 0 when the chunk does not hold it: one index probe. */
+static double
+probe(Postings *p, QueryTerm *t, int64 cid)
+{
+	ScanKeyData keys[4];
+	bool		isnull;
+	double		c = 0;
+
+	term_keys(p, keys, t);
+	if (p->blocks)
+	{
+		ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(cid - t->max_span));
+		ScanKeyInit(&keys[3], 3, BTLessEqualStrategyNumber, F_INT8LE, Int64GetDatum(cid));
+		index_rescan(p->probe_scan, keys, 4, NULL, 0);
+	}
+	else
+	{
+		ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(cid));
+		index_rescan(p->probe_scan, keys, 3, NULL, 0);
+	}
+	while (index_getnext_slot(p->probe_scan, ForwardScanDirection, p->slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (p->blocks)
+		{
+			int64		first;
+			int32	   *offs;
+			int16	   *tfs;
+			int32	   *dls;
+			int			n;
+			int			i;
+			int32		off;
+			bool		found = false;
+
+			if (DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull)) < cid)
+				continue;
+			n = block_arrays(p, &first, &offs, &tfs, &dls);
+			off = (int32) (cid - first);
+			for (i = 0; i < n; i++)
+			{
+				if (offs[i] == off)
+				{
+					c = contribution(p, t->wk, tfs[i], dls[i]);
+					found = true;
+					break;
+				}
+			}
+			MemoryContextReset(p->scratch);
+			if (found)
+				break;
+		}
+		else
+		{
+			c = contribution(p, t->wk, DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull)),
+							 DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull)));
+			break;
+		}
+	}
+	return c;
+}
+
+/* What the batch visitors add to. */
+typedef struct Accumulate
+{
+	acc_hash   *acc;
+	Postings   *p;
+} Accumulate;
+
+/* Essential terms: every posting adds to the accumulator. */
+static void
+accumulate(void *arg, QueryTerm *t, const Batch *batch)
+{
+	Accumulate *a = arg;
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+	{
+		bool		found;
+		AccEntry   *e = acc_insert(a->acc, batch->cid[i], &found);
+		double		c = contribution(a->p, t->wk, batch->tf[i], batch->dl[i]);
+
+		e->score = found ? e->score + c : c;
+	}
+}
+
+/* Remaining terms: postings add to the candidates only. */
+static void
+add_to_candidates(void *arg, QueryTerm *t, const Batch *batch)
+{
+	Accumulate *a = arg;
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+	{
+		AccEntry   *e = acc_lookup(a->acc, batch->cid[i]);
+
+		if (e != NULL)
+			e->score += contribution(a->p, t->wk, batch->tf[i], batch->dl[i]);
+	}
+}
+
+/* The k-th largest of scores[0..n) (n >= k >= 1); reorders the array. */
+static double
+kth_largest(double *s, int64 n, int64 k)
+{
+	int64		lo = 0;
+	int64		hi = n - 1;
+	int64		target = k - 1;
+
+	while (lo < hi)
+	{
+		double		pivot = s[lo + (hi - lo) / 2];
+		int64		i = lo;
+		int64		j = hi;
+
+		CHECK_FOR_INTERRUPTS();
+		while (i <= j)
+		{
+			while (s[i] > pivot)
+				i++;
+			while (s[j] < pivot)
+				j--;
+			if (i <= j)
+			{
+				double		x = s[i];
+
+				s[i] = s[j];
+				s[j] = x;
+				i++;
+				j--;
+			}
+		}
+		if (target <= j)
+			hi = j;
+		else if (target >= i)
+			lo = i;
+		else
+			break;
+	}
+	return s[target];
+}
+
+/* theta: the k-th best score held (0 while fewer are held), a hair lower so that rounding drops no tie. */
+static double
+threshold(acc_hash *acc, int64 k, double *buf)
+{
+	acc_iterator it;
+	AccEntry   *e;
+	int64		n = 0;
+
+	if ((int64) acc->members < k)
+		return 0;
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+		buf[n++] = e->score;
+	return kth_largest(buf, n, k) * (1 - 1e-9);
+}
+
+typedef struct Hit
+{
+	int64		cid;
+	double		score;
+} Hit;
+
+static int
+hit_order(const void *a, const void *b)
+{
+	const Hit  *x = a;
+	const Hit  *y = b;
+
+	if (x->score != y->score)
+		return x->score > y->score ? -1 : 1;
+	return x->cid < y->cid ? -1 : (x->cid > y->cid ? 1 : 0);
+}
+
+static int
+int64_order(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a;
+	int64		y = *(const int64 *) b;
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+static int
+term_order(const void *a, const void *b)
+{
+	const QueryTerm *x = a;
+	const QueryTerm *y = b;
+
+	if (x->ub != y->ub)
+		return x->ub > y->ub ? -1 : 1;
+	return x->df < y->df ? -1 : (x->df > y->df ? 1 : 0);
+}
+
+/* Drop the held chunks whose score plus `bound` stays below theta; the kept ids, sorted, into *ids. */
+static int64
+prune(acc_hash **acc, double bound, double theta, int64 **ids)
+{
+	acc_iterator it;
+	AccEntry   *e;
+	acc_hash   *kept = acc_create(CurrentMemoryContext, Max((*acc)->members, 16), NULL);
+	int64		n = 0;
+
+	*ids = palloc(sizeof(int64) * Max((*acc)->members, 1));
+	acc_start_iterate(*acc, &it);
+	while ((e = acc_iterate(*acc, &it)) != NULL)
+	{
+		if (e->score + bound >= theta)
+		{
+			bool		found;
+
+			acc_insert(kept, e->cid, &found)->score = e->score;
+			(*ids)[n++] = e->cid;
+		}
+	}
+	acc_destroy(*acc);
+	*acc = kept;
+	qsort(*ids, n, sizeof(int64), int64_order);
+	return n;
+}
+
+static ArrayType *
+array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype, int nterms)
+{
+	ArrayType  *a;
+
+	if (PG_ARGISNULL(i))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument %d of agentdb_accel.bm25_topk must not be null", i + 1)));
+	a = PG_GETARG_ARRAYTYPE_P(i);
+	if (ARR_ELEMTYPE(a) != elemtype || ARR_HASNULL(a) ||
+		(nterms >= 0 && ArrayGetNItems(ARR_NDIM(a), ARR_DIMS(a)) != nterms))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the term arrays of agentdb_accel.bm25_topk must be of one length, without nulls")));
+	return a;
+}
+
+/*
+ * agentdb_accel.bm25_topk(source_id int, blocks boolean, terms text[], weights float8[], dfs bigint[],
+ *                         max_tfs int[], min_dls int[], max_spans bigint[], k int, avgdl float8, k1 float8,
+ *                         b float8) returns table (cid bigint, bm25 float8)
+ */
+Datum
+agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext work;
+	MemoryContext old;
+	int32		source_id;
+	bool		blocks;
+	ArrayType  *a_terms;
+	Datum	   *terms;
+	bool	   *term_nulls;
+	int			nterms;
+	double	   *weights;
+	int64	   *dfs;
+	int32	   *max_tfs;
+	int32	   *min_dls;
+	int64	   *max_spans;
+	int64		k;
+	double		avgdl;
+	double		k1;
+	double		b;
+	QueryTerm  *qt;
+	double	   *after;
+	Postings	p;
+	acc_hash   *acc;
+	double	   *buf;
+	double		theta = 0;
+	int			i;
+	int			j;
+	Accumulate	arg;
+	Hit		   *hits;
+	int64		nhits = 0;
+	int64		h;
+	acc_iterator it;
+	AccEntry   *e;
+	int64	   *ids = NULL;
+	int64		nids = 0;
+
+	for (i = 0; i < 12; i++)
+		if (PG_ARGISNULL(i) && (i < 2 || i > 7))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("argument %d of agentdb_accel.bm25_topk must not be null", i + 1)));
+	InitMaterializedSRF(fcinfo, 0);
+	source_id = PG_GETARG_INT32(0);
+	blocks = PG_GETARG_BOOL(1);
+	k = PG_GETARG_INT32(8);
+	avgdl = PG_GETARG_FLOAT8(9);
+	k1 = PG_GETARG_FLOAT8(10);
+	b = PG_GETARG_FLOAT8(11);
+	if (k < 1 || !(avgdl > 0) || !(k1 >= 0) || !(b >= 0 && b <= 1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("agentdb_accel.bm25_topk needs k >= 1, avgdl > 0, k1 >= 0 and b in [0, 1]")));
+
+	work = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel bm25_topk", ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(work);
+
+	a_terms = array_arg(fcinfo, 2, TEXTOID, -1);
+	deconstruct_array_builtin(a_terms, TEXTOID, &terms, &term_nulls, &nterms);
+	weights = (double *) ARR_DATA_PTR(array_arg(fcinfo, 3, FLOAT8OID, nterms));
+	dfs = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 4, INT8OID, nterms));
+	max_tfs = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 5, INT4OID, nterms));
+	min_dls = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 6, INT4OID, nterms));
+	max_spans = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 7, INT8OID, nterms));
+
+	if (nterms == 0)
+	{
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(work);
+		PG_RETURN_VOID();
+	}
+
+	postings_open(&p, source_id, blocks, k1 * (1 - b), k1 * b / avgdl);
+
+	/* The terms by bound, highest first; after[i], the sum of the bounds of the terms after i. */
+	qt = palloc(sizeof(QueryTerm) * nterms);
+	for (i = 0; i < nterms; i++)
+	{
+		qt[i].term = terms[i];
+		qt[i].wk = weights[i];
+		qt[i].df = dfs[i];
+		qt[i].max_span = max_spans[i];
+		qt[i].ub = contribution(&p, weights[i], max_tfs[i], min_dls[i]);
+	}
+	qsort(qt, nterms, sizeof(QueryTerm), term_order);
+	after = palloc(sizeof(double) * (nterms + 1));
+	after[nterms] = 0;
+	for (i = nterms - 1; i >= 0; i--)
+		after[i] = after[i + 1] + qt[i].ub;
+
+	/* Essential terms: summed while a chunk none of them holds could still reach theta. */
+	acc = acc_create(work, 1024, NULL);
+	arg.acc = acc;
+	arg.p = &p;
+	buf = NULL;
+	for (i = 0; i < nterms && (i == 0 || after[i] >= theta); i++)
+	{
+		scan_term(&p, &qt[i], NULL, 0, accumulate, &arg);
+		if (buf != NULL)
+			pfree(buf);
+		buf = palloc(sizeof(double) * Max(acc->members, 1));
+		theta = threshold(acc, k, buf);
+	}
+
+	/* The rest: added to the chunks that can still reach theta, which rises as they do. */
+	for (j = i; j < nterms; j++)
+	{
+		nids = prune(&acc, after[j], theta, &ids);
+		arg.acc = acc;
+		if (nids * PROBE_SHARE < qt[j].df)
+		{
+			for (h = 0; h < nids; h++)
+			{
+				AccEntry   *x = acc_lookup(acc, ids[h]);
+
+				x->score += probe(&p, &qt[j], ids[h]);
+			}
+		}
+		else
+			scan_term(&p, &qt[j], ids, (int) Min(nids, PG_INT32_MAX), add_to_candidates, &arg);
+		pfree(ids);
+		pfree(buf);
+		buf = palloc(sizeof(double) * Max(acc->members, 1));
+		theta = threshold(acc, k, buf);
+	}
+	postings_close(&p);
+
+	/* The best k held, by score and chunk id. */
+	hits = palloc(sizeof(Hit) * Max(acc->members, 1));
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
+	{
+		if (e->score >= theta)
+		{
+			hits[nhits].cid = e->cid;
+			hits[nhits].score = e->score;
+			nhits++;
+		}
+	}
+	qsort(hits, nhits, sizeof(Hit), hit_order);
+
+	MemoryContextSwitchTo(old);
+	for (h = 0; h < Min(nhits, k); h++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int64GetDatum(hits[h].cid);
+		values[1] = Float8GetDatum(hits[h].score);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	MemoryContextDelete(work);
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,200 @@
+"""The accelerator (ext/, agentdb/db/accel.py, sql/025_accel.sql): built and loaded by the embedded server's start,
+its lexical leg returns what the plain SQL path returns (the same chunks in the same order, scores to 1e-9), for
+lexical, hybrid RRF and convex, and group_by_doc, with filters, in both layouts, through random inserts,
+updates, deletes and merges; a principal's role takes the SQL path and cannot call the cursor itself; and
+AGENTDB_LEXICAL_PATH=sql forces the SQL path.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from agentdb.auth import create_principal, delete_principal, principal_scope
+from agentdb.db import accel
+from agentdb.retrieval import retrieve
+from agentdb.sources import create_document_source, optimize_source
+from tests.filter_oracle import filters
+from tests.test_blocks import DIM, FIELD_DICTS, FIELDS, TWINS, WORDS, _copy, _random_write, _rows
+
+PATHS = ("sql", "accel")
+CALL = "select * from agentdb_accel.bm25_topk(1, true, '{w0x}', '{1}', '{1}', '{1}', '{1}', '{0}', 10, 1, 1.2, 0.75)"
+
+
+def _on(conn: psycopg.Connection[Any], path: str) -> None:
+    conn.execute("select set_config('agentdb.lexical_path', %s, false)", ("sql" if path == "sql" else "",))
+
+
+def _answer(result: Any) -> list[tuple[str, int, float, int | None]]:
+    return [(h.id, h.chunk, h.score, h.rank_sparse) for h in result.hits]
+
+
+def assert_same(
+    got: list[tuple[str, int, float, int | None]], want: list[tuple[str, int, float, int | None]]
+) -> None:
+    """The same hits in the same order with the same lexical ranks, scores to 1e-9."""
+    assert [(d, c, r) for d, c, _, r in got] == [(d, c, r) for d, c, _, r in want]
+    assert [s for *_, s, _ in got] == pytest.approx([s for *_, s, _ in want], abs=1e-9)
+
+
+@pytest.fixture
+def corpus(conn: psycopg.Connection[Any]) -> random.Random:
+    """The twins of tests/test_blocks.py (blk in blocks, rws in rows), 600 chunks written in three statements."""
+    create_document_source(
+        conn, "blk", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+    )
+    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS)
+    rng = random.Random(30)
+    for n in (300, 200, 100):
+        _copy(conn, _rows(rng, n))
+    return rng
+
+
+def test_the_embedded_server_serves_the_accelerated_path(conn: psycopg.Connection[Any]) -> None:
+    """The session's server built the extension at its start: every migrated database has it, and its
+    retrieval says which path served."""
+    assert conn.execute("select extname from pg_extension where extname = 'agentdb_accel'").fetchone()
+    assert accel.path_in_use(conn) == "accel"
+    create_document_source(conn, "blk", embedding_model="m", embedding_dim=DIM, lexical_layout="blocks")
+    _copy(conn, _rows(random.Random(1), 20), names=("blk",))
+    for path in PATHS:
+        _on(conn, path)
+        got = retrieve(conn, "blk", WORDS[0], mode="lexical")
+        assert got.diagnostics["parameters"]["lexical_path"] == path
+        assert got.hits
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_both_paths_answer_alike(
+    conn: psycopg.Connection[Any], corpus: random.Random, data: st.DataObject
+) -> None:
+    """After each random write (insert, update, delete, merge), both layouts' lexical, hybrid (RRF and convex)
+    and group_by_doc answers, with and without a filter, at top 10 and at a deep page, are the same on both
+    paths."""
+    rng = corpus
+    if _random_write(conn, rng, data) == "optimize":
+        optimize_source(conn, "blk")
+    query = " ".join(
+        data.draw(st.lists(st.sampled_from([*WORDS, "nowhere"]), min_size=1, max_size=6), label="q")
+    )
+    filt = data.draw(st.one_of(st.none(), filters(FIELD_DICTS)), label="filter")
+    top_k = data.draw(st.sampled_from([1, 10, 100]), label="top_k")
+    v = np.array([rng.gauss(0, 1) for _ in range(DIM)], dtype=np.float32)
+    asks: list[dict[str, Any]] = [
+        {"mode": "lexical"},
+        {"mode": "lexical", "group_by_doc": True},
+        {"mode": "hybrid", "query_embedding": v, "threshold": 0.0},
+        {"mode": "hybrid", "query_embedding": v, "threshold": 0.0, "fusion": "convex", "alpha": 0.3},
+        {"mode": "hybrid", "query_embedding": v, "threshold": 0.0, "group_by_doc": True},
+    ]
+    for name in TWINS:
+        for ask in asks:
+            answers = {}
+            for path in PATHS:
+                _on(conn, path)
+                result = retrieve(conn, name, query, filter=filt, top_k=top_k, **ask)
+                assert result.diagnostics["parameters"]["lexical_path"] == path
+                answers[path] = _answer(result)
+            assert_same(answers["accel"], answers["sql"])
+
+
+def test_a_principal_takes_the_sql_path_and_cannot_call_the_cursor(
+    conn: psycopg.Connection[Any], corpus: random.Random, drop_principals: None
+) -> None:
+    """The cursor reads every chunk's postings, so a principal's role (row security) is served by the SQL
+    path, and calling the C function itself is refused."""
+    reader, _ = create_principal(conn, "reader", tables=list(TWINS), row_filter={"year": {"$gte": 3}})
+    try:
+        with principal_scope(conn, reader) as scoped:
+            got = retrieve(scoped, "blk", " ".join(WORDS[:3]), mode="lexical")
+            assert got.diagnostics["parameters"]["lexical_path"] == "sql"
+            assert scoped.execute("select agentdb_internal.lexical_path()").fetchone() == ("sql",)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                scoped.execute(CALL)
+        # Even granted the function, the role is refused: it may not read the blocks, whose row security
+        # the cursor could not apply.
+        conn.execute(sql.SQL("grant usage on schema agentdb_accel to {}").format(sql.Identifier(reader.role)))
+        conn.execute(
+            sql.SQL("grant execute on all functions in schema agentdb_accel to {}").format(
+                sql.Identifier(reader.role)
+            )
+        )
+        with principal_scope(conn, reader) as scoped:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="posting_blocks"):
+                scoped.execute(CALL)
+    finally:
+        role = sql.Identifier(reader.role)
+        conn.execute(sql.SQL("revoke all on all functions in schema agentdb_accel from {}").format(role))
+        conn.execute(sql.SQL("revoke all on schema agentdb_accel from {}").format(role))
+        delete_principal(conn, reader.name)
+
+
+def test_forcing_the_sql_path_and_no_compiler(
+    embedded_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AGENTDB_LEXICAL_PATH=sql writes the setting into the server's configuration; without a compiler on
+    PATH the build is skipped, the reason logged once, and the server still serves, on the SQL path."""
+    from agentdb.db.server import start_embedded
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(accel, "_said", set())
+    url = start_embedded(embedded_dir)
+    assert any("plain SQL path" in r.message and "compiler" in r.message for r in caplog.records)
+    with psycopg.connect(url, autocommit=True) as c:
+        assert (
+            c.execute("select 1 from pg_available_extensions where name = 'agentdb_accel'").fetchone() is None
+        )
+    assert accel.install(url) == "sql"
+    monkeypatch.setenv(accel.PATH_ENV, "sql")
+    pgdata = embedded_dir / "pg"
+    assert accel.write_conf(pgdata, None)
+    assert "agentdb.lexical_path = 'sql'" in (pgdata / accel.CONF_FILE).read_text()
+
+
+def test_status_and_healthz_say_which_path_serves(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from agentdb.api.app import create_app
+    from agentdb.config import Settings
+    from tests.test_cli import run
+
+    report = orjson.loads(run(["status", "--json"], db_url).stdout)
+    assert report["lexical_path"] == "accelerated (agentdb_accel, C)"
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        assert client.get("/healthz").json()["lexical_path"] == "accel"
+    conn.execute(
+        sql.SQL("alter database {} set agentdb.lexical_path = 'sql'").format(sql.Identifier(conn.info.dbname))
+    )
+    report = orjson.loads(run(["status", "--json"], db_url).stdout)
+    assert report["lexical_path"] == "plain SQL (agentdb.lexical_path is 'sql' (AGENTDB_LEXICAL_PATH=sql))"
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        assert client.get("/healthz").json()["lexical_path"] == "sql"
+
+
+def test_accel_build_for_a_self_hosted_server(tmp_path: Path) -> None:
+    """`agentdb accel build` compiles against the given pg_config and says what to install where."""
+    from agentdb.db.server import _never_started
+    from tests.test_cli import run
+
+    pg_config = Path(_never_started().bin_path) / "pg_config"
+    out = tmp_path / "build"
+    done = run(["accel", "build", "--pg-config", str(pg_config), "--out", str(out)], None)
+    assert (out / "lib" / "agentdb_accel.so").is_file()
+    assert (out / "share" / "extension" / "agentdb_accel.control").is_file()
+    assert f"extension_control_path = '$system:{out / 'share'}'" in done.stdout
+    failed = run(
+        ["accel", "build", "--pg-config", str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+        None,
+        check=False,
+    )
+    assert failed.returncode != 0 and "InvalidParamValue" in failed.stderr
