@@ -18,12 +18,11 @@ from typing import Any, Literal
 import orjson
 import psycopg
 
-from agentdb.config import Settings
-from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error, is_outage
+from agentdb.config import Settings, find_data_dir, has_database
+from agentdb.errors import AgentDBError, DatabaseSetupError, InvalidParamValue, from_db_error, is_outage
+from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_path
 
 DEMO_SOURCE = "pgdocs"
-DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdocs.jsonl.gz"
-DEMO_PACK = DEMO_FILE.with_name("pgdocs.pack.parquet")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -35,16 +34,42 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def _require_database(args: argparse.Namespace, settings: Settings) -> None:
+    """Only the commands that load data or set a database up (demo, start, migrate, ingest, register, pack
+    import, serve) make a new embedded database; any other one, run where there is none, says so and how to
+    point at one, instead of leaving an empty `.agentdb` behind."""
+    if settings.database_url or settings.database_url_file or has_database(settings.data_dir):
+        return
+    searched = args.data_dir is None and settings.data_dir == find_data_dir(Path.cwd())
+    where = (
+        f"{Path.cwd()} and its parent folders have no .agentdb"
+        if searched
+        else f"{settings.data_dir} holds no agentdb database"
+    )
+    raise DatabaseSetupError(
+        f"no agentdb database found: {where}",
+        path="data_dir",
+        hint="point at one with --data-dir DIR, AGENTDB_DATA_DIR=DIR or DATABASE_URL=postgresql://...; "
+        "or make one here with `agentdb demo`, `agentdb start` or `agentdb ingest`",
+    )
+
+
 @contextmanager
-def _connect(args: argparse.Namespace, *, migrate_schema: bool = False) -> Iterator[psycopg.Connection[Any]]:
+def _connect(
+    args: argparse.Namespace, *, migrate_schema: bool = False, create: bool = False
+) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to an up-to-date database. Only the commands that write (ingest, register,
     demo, pack import; start and serve do it themselves) apply migrations; the others check that the schema
-    is current and say what to run when it is not."""
+    is current and say what to run when it is not. Only those that load data (`create`) may make the embedded
+    database."""
     from agentdb.db import resolve_url
     from agentdb.db.migrate import migrate, require_current
     from agentdb.db.pool import configure
 
-    url = resolve_url(_settings(args))
+    settings = _settings(args)
+    if not create:
+        _require_database(args, settings)
+    url = resolve_url(settings)
     with psycopg.connect(url, autocommit=True) as conn:
         if migrate_schema:
             migrate(conn)
@@ -80,6 +105,7 @@ def cmd_db_url(args: argparse.Namespace) -> None:
     from agentdb.db import resolve_url
 
     settings = _settings(args)
+    _require_database(args, settings)
     print(resolve_url(settings, keep_running=True))
     if not settings.database_url:
         print(
@@ -361,7 +387,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         for name in args.files:
             yield from read_records(Path(name), types)
 
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         report = ingest(
             conn,
             args.source,
@@ -384,7 +410,7 @@ def cmd_register(args: argparse.Namespace) -> None:
     from agentdb.sources import register_table
 
     embedder = load_embedder(_settings(args).embedding_model)
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         source = register_table(
             conn,
             resolve_url(_settings(args)),
@@ -987,7 +1013,7 @@ def cmd_pack_export(args: argparse.Namespace) -> None:
 def cmd_pack_import(args: argparse.Namespace) -> None:
     from agentdb.pack import import_pack
 
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         report = import_pack(
             conn,
             Path(args.file),
@@ -1005,20 +1031,21 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if not args.no_serve:  # before the load, not after it
         settings = _settings(args)
         check_port_free(settings.host, settings.port)
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
-        elif DEMO_PACK.exists():
+        elif resource(DEMO, DEMO_PACK).is_file():
             from agentdb.pack import import_pack
 
             print(
                 f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r} from its knowledge "
-                f"pack {DEMO_PACK.name} (embeddings included), once",
+                f"pack {DEMO_PACK} (embeddings included), once",
                 file=sys.stderr,
             )
-            report = import_pack(
-                conn, DEMO_PACK, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
-            )
+            with resource_path(DEMO, DEMO_PACK) as pack:
+                report = import_pack(
+                    conn, pack, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
+                )
             print(report.summary(), file=sys.stderr)
         else:
             from agentdb.embed import load_embedder
@@ -1027,11 +1054,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
             print(
                 f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; its knowledge pack "
-                f"{DEMO_PACK.name} is missing (examples/pgdocs/build.py --pack-only makes it), so CPU embedding "
+                f"{DEMO_PACK} is missing (examples/pgdocs/build.py --pack-only makes it), so CPU embedding "
                 "of about 9,000 chunks takes 5 to 15 minutes on 2 cores, once",
                 file=sys.stderr,
             )
-            ingested = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
+            with resource_path(DEMO, DEMO_CORPUS) as corpus:
+                ingested = ingest(conn, DEMO_SOURCE, read_records(corpus), load_embedder(), progress=True)
             print(ingested.summary(), file=sys.stderr)
         _demo_indexes(conn)
     if not args.no_serve:
@@ -1060,8 +1088,8 @@ def _demo_indexes(conn: psycopg.Connection[Any]) -> None:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
-        help="embedded server data directory (default ./.agentdb, env AGENTDB_DATA_DIR); "
-        "ignored when DATABASE_URL is set",
+        help="the embedded server's data directory (env AGENTDB_DATA_DIR; default: the .agentdb of this "
+        "folder or of its nearest parent that has one, else ./.agentdb); ignored when DATABASE_URL is set",
     )
 
 

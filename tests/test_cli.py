@@ -20,8 +20,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentdb.cli import DEMO_FILE, build_parser
+from agentdb.cli import build_parser
 from agentdb.db.server import process_alive, read_postmaster
+from agentdb.resources import DEMO, DEMO_CORPUS, resource_path
 
 AGENTDB = [sys.executable, "-m", "agentdb.cli"]
 DOCS = [
@@ -186,14 +187,36 @@ def test_eval_prints_ndcg_and_recall(db_url: str, corpus: Path, tmp_path: Path) 
     assert "nDCG@10 1.0000" in lines["lexical"] and "Recall@100 1.0000" in lines["hybrid"]
 
 
+def test_read_commands_in_a_folder_without_a_database_make_none(tmp_path: Path, corpus: Path) -> None:
+    """A read-only command run where neither the folder nor its parents have a .agentdb says so, and how to
+    point at one, and leaves nothing behind."""
+    folder = tmp_path / "elsewhere" / "deeper"
+    folder.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AGENTDB_DATA_DIR")}
+    for args in (["sources"], ["search", "notes", "backup"], ["db-url"], ["memory", "list"]):
+        result = subprocess.run([*AGENTDB, *args], cwd=folder, env=env, capture_output=True, text=True)
+        assert result.returncode != 0, result
+        assert f"no agentdb database found: {folder} and its parent folders have no .agentdb" in result.stderr
+        assert all(way in result.stderr for way in ("--data-dir", "AGENTDB_DATA_DIR", "DATABASE_URL"))
+        assert not any(tmp_path.rglob(".agentdb")), args
+    named = subprocess.run(
+        [*AGENTDB, "sources", "--data-dir", str(tmp_path / "db")],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert f"{tmp_path / 'db'} holds no agentdb database" in named.stderr and not (tmp_path / "db").exists()
+
+
 def test_db_url_gives_psql_a_working_url(embedded_dir: Path) -> None:
     """The URL outlives the command and the agentdb commands that come after it (their exit used to stop
     the server under psql's feet)."""
     data_dir = str(embedded_dir)
+    run(["migrate", "--data-dir", data_dir], None)
     result = run(["db-url", "--data-dir", data_dir], None)
     url = result.stdout.strip()
     assert "agentdb stop" in result.stderr
-    run(["migrate", "--data-dir", data_dir], None)
     run(["sources", "--data-dir", data_dir], None)
     with psycopg.connect(url) as conn:
         assert conn.execute("select current_database()").fetchone() == ("agentdb",)
@@ -393,7 +416,7 @@ def test_start_stop_and_status_with_an_external_database(db_url: str) -> None:
 def test_demo_loads_the_manual_once(db_url: str) -> None:
     """`agentdb demo` loads the PostgreSQL manual once, from its knowledge pack (no embedding), and the index
     checks out. (tests/test_readme.py serves it and runs the README's examples against it.)"""
-    with gzip.open(DEMO_FILE, "rb") as handle:
+    with resource_path(DEMO, DEMO_CORPUS) as corpus, gzip.open(corpus, "rb") as handle:
         records = sum(1 for line in handle if line.strip())
     first = run(["demo", "--no-serve"], db_url, timeout=600)
     assert "knowledge pack" in first.stderr and f"imported {records} documents" in first.stderr
