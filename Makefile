@@ -23,8 +23,9 @@ $(VENV)/.dev-installed: $(VENV)/.installed
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
 
+# `make run PORT=8081` serves on another port (AGENTDB_PORT works too).
 run: install
-	$(BIN)/agentdb demo
+	$(BIN)/agentdb demo $(if $(PORT),--port $(PORT))
 
 test: dev
 	$(BIN)/python -m pytest -q
