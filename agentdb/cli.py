@@ -433,9 +433,17 @@ def cmd_register(args: argparse.Namespace) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
+    from agentdb.embed import load_embedder
     from agentdb.retrieval import retrieve
+    from agentdb.sources import get_source
 
     with _connect(args) as conn:
+        embedder = None
+        if args.mode != "lexical":
+            model = get_source(conn, args.source).embedding_model
+            # Said first: loading takes seconds, and the first use in a data directory also exports the model.
+            print(f"loading the embedding model {model}...", file=sys.stderr, flush=True)
+            embedder = load_embedder(model)
         result = retrieve(
             conn,
             args.source,
@@ -449,6 +457,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             fusion=args.fusion,
             alpha=args.alpha,
             output_results=args.json,
+            embedder=embedder,
         )
     if args.json:
         print(
@@ -970,8 +979,24 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     check_port_free(settings.host, settings.port)
+    warm_embedder()
     print(f"agentdb serving on http://{settings.host}:{settings.port} (OpenAPI at /docs)", file=sys.stderr)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def warm_embedder() -> None:
+    """Load the embedding model in the background while the server starts, so that the first dense search
+    does not wait for it (a failure here is logged; the search then loads it, and reports the error)."""
+    from agentdb.embed import load_embedder
+
+    def warm() -> None:
+        try:
+            load_embedder()
+        except Exception:
+            logging.getLogger(__name__).exception("loading the embedding model failed")
+
+    print("loading the embedding model in the background", file=sys.stderr)
+    threading.Thread(target=warm, name="warm-embedder", daemon=True).start()
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -987,7 +1012,8 @@ def check_port_free(host: str, port: int) -> None:
         raise InvalidParamValue(
             f"cannot serve on {host}:{port}: {exc.strerror or exc}",
             path="port",
-            hint="another program (perhaps another agentdb serve) uses it: stop it, or pass --port",
+            hint="another program (perhaps another agentdb serve) uses it: stop it, or serve on another port "
+            "(--port 8081, AGENTDB_PORT=8081, or `make run PORT=8081`)",
         ) from None
 
 
@@ -1183,7 +1209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--field",
         action="append",
         metavar="NAME:TYPE",
-        help="the type of a CSV column (int, float, bool, timestamp, string) instead of inferring it; repeatable",
+        help="the type of a CSV column or JSON Lines key (int, float, bool, timestamp, string) instead of "
+        "inferring it; repeatable",
     )
     p.add_argument("--skip-bad", action="store_true", help="report and skip bad rows instead of aborting")
     p.add_argument("--no-progress", action="store_true")
@@ -1202,9 +1229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("search", cmd_search, "search a source (dense, lexical or hybrid)")
     p.add_argument("source")
     p.add_argument("query")
-    p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"])
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--rrf-k", type=int, default=60)
+    p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"], help="default hybrid")
+    p.add_argument("--top-k", type=int, default=10, help="hits to return (default 10)")
+    p.add_argument("--rrf-k", type=int, default=60, help="RRF's k: 1 / (k + rank) (default 60)")
     p.add_argument(
         "--fusion",
         default="rrf",
@@ -1216,7 +1243,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=0.5, help="BM25 weight of --fusion convex, 0..1 (default 0.5)"
     )
     p.add_argument(
-        "--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none"
+        "--threshold",
+        type=float,
+        default=0.5,
+        help="max cosine distance on the dense leg (default 0.5; 0 = none); all-MiniLM-L6-v2 puts many "
+        "relevant passages beyond 0.5: 0.7 keeps them",
     )
     p.add_argument("--filter", help='metadata filter as JSON, e.g. \'{"year": {"$gte": 2020}}\'')
     p.add_argument("--group-by-doc", action="store_true", help="best chunk per document")

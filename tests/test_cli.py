@@ -25,6 +25,7 @@ from agentdb.db.server import process_alive, read_postmaster
 from agentdb.resources import DEMO, DEMO_CORPUS, resource_path
 
 AGENTDB = [sys.executable, "-m", "agentdb.cli"]
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
     {
         "_id": "d1",
@@ -99,12 +100,20 @@ def test_every_command_has_help() -> None:
             [*AGENTDB, *name.split(), "--help"], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0 and "usage: agentdb " + name in result.stdout
+    search = build_parser().parse_args(["search", "s", "q"])
+    shown = subprocess.run([*AGENTDB, "search", "--help"], capture_output=True, text=True, timeout=60).stdout
+    shown = " ".join(shown.split())
+    for flag, value in (("mode", search.mode), ("top-k", search.top_k), ("threshold", search.threshold)):
+        assert re.search(rf"--{flag} \S+ .*?default {value}\b", shown), (flag, shown)
 
 
 def test_migrate_ingest_sources_search_check(db_url: str, corpus: Path) -> None:
     assert "up to date" in run(["migrate"], db_url).stdout
-    out = run(["ingest", "notes", str(corpus), "--no-progress"], db_url).stdout
-    assert "3 documents, 3 chunks" in out
+    ingested = run(["ingest", "notes", str(corpus)], db_url)
+    assert "3 documents, 3 chunks" in ingested.stdout
+    # The progress bar, then the index build it does not count, said as it starts.
+    assert "ingest notes: 100%" in ingested.stderr
+    assert "building the vector index of notes (3 chunks)" in ingested.stderr, ingested.stderr
     listed = orjson.loads(run(["sources", "--json"], db_url).stdout)
     assert [(s["name"], s["documents"], s["chunks"]) for s in listed] == [("notes", 3, 3)]
     assert {f["name"]: f["type"] for f in listed[0]["fields"]} == {"year": "int", "tags": "string_set"}
@@ -460,11 +469,13 @@ def test_a_closed_pipe_ends_the_command_quietly(db_url: str, monkeypatch: Any, c
 
 def test_search_shows_titles_and_what_the_threshold_left_out(db_url: str, corpus: Path) -> None:
     run(["ingest", "notes", str(corpus), "--no-progress"], db_url)
-    out = run(
-        ["search", "notes", "vacuum dead tuples", "--mode", "dense", "--threshold", "0.5"], db_url
-    ).stdout
-    assert "Vacuum  [d2 #0]" in out
-    assert "dense candidates were beyond --threshold 0.5 and left out" in out
+    searched = run(["search", "notes", "vacuum dead tuples", "--mode", "dense", "--threshold", "0.5"], db_url)
+    assert "Vacuum  [d2 #0]" in searched.stdout
+    assert "dense candidates were beyond --threshold 0.5 and left out" in searched.stdout
+    # The model's load is said before the wait (a lexical search needs no model).
+    assert "loading the embedding model all-MiniLM-L6-v2" in searched.stderr
+    lexical = run(["search", "notes", "vacuum", "--mode", "lexical"], db_url)
+    assert "loading the embedding model" not in lexical.stderr
 
 
 def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
@@ -477,6 +488,41 @@ def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "NAME:TYPE" in bad.stderr
 
 
+def test_jsonl_timestamps_are_inferred_and_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
+    """JSON has no timestamp type: ISO-8601 strings become timestamp fields (filterable as such); --field
+    states a key's type in JSON Lines as in CSV, and a value that does not fit it is a bad row at its field."""
+    path = tmp_path / "notes.jsonl"
+    rows = [
+        {"_id": "a", "text": "old note", "added": "2023-05-01T09:00:00Z", "code": "2024-01-01", "n": "7"},
+        {"_id": "b", "text": "new note", "added": "2024-06-02", "code": "2024-02-02", "n": "8"},
+    ]
+    path.write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
+    run(["ingest", "notes", str(path), "--field", "code:string", "--field", "n:int", "--no-progress"], db_url)
+    (listed,) = orjson.loads(run(["sources", "--json"], db_url).stdout)
+    assert {f["name"]: f["type"] for f in listed["fields"]} == {
+        "added": "timestamp",
+        "code": "string",
+        "n": "int",
+    }
+    found = run(
+        [
+            "search",
+            "notes",
+            "note",
+            "--mode",
+            "lexical",
+            "--filter",
+            '{"added": {"$gte": "2024-01-01"}}',
+            "--json",
+        ],
+        db_url,
+    )
+    assert [h["id"] for h in orjson.loads(found.stdout)["hits"]] == ["b"]
+    path.write_bytes(orjson.dumps({"_id": "c", "text": "x", "n": "seven"}))
+    bad = run(["ingest", "notes", str(path), "--field", "n:int", "--no-progress"], db_url, check=False)
+    assert bad.returncode == 2 and "'seven' is not int, as --field n:int states" in bad.stderr, bad.stderr
+
+
 def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -487,3 +533,9 @@ def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: 
             assert result.returncode == 2
             assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "serving on" not in result.stderr
             assert "loading" not in result.stderr and "Traceback" not in result.stderr
+            assert all(
+                way in result.stderr for way in ("--port 8081", "AGENTDB_PORT=8081", "make run PORT=8081")
+            )
+    # `make run PORT=...` reaches `agentdb demo --port` (make -n: the commands, not run).
+    made = subprocess.run(["make", "-n", "run", "PORT=8081"], cwd=ROOT, capture_output=True, text=True)
+    assert made.stdout.splitlines()[-1].endswith("agentdb demo --port 8081"), made.stdout
