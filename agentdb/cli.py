@@ -23,6 +23,7 @@ from agentdb.errors import AgentDBError, DatabaseSetupError, InvalidParamValue, 
 from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_path
 
 DEMO_SOURCE = "pgdocs"
+DEMO_PACK_BACKEND = "torch"
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -1061,7 +1062,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
         elif resource(DEMO, DEMO_PACK).is_file():
-            from agentdb.pack import import_pack
+            from agentdb.pack import import_pack, read_manifest
+            from agentdb.sources import get_source, record_embedding_backends
 
             print(
                 f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r} from its knowledge "
@@ -1072,6 +1074,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
                 report = import_pack(
                     conn, pack, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
                 )
+                recorded = read_manifest(pack).embedding.backends
+            if not recorded:
+                # The shipped pack's manifest predates the backend field; it was embedded with PyTorch
+                # (tests/test_pack.py re-embeds a sample so and compares).
+                record_embedding_backends(conn, get_source(conn, DEMO_SOURCE), [DEMO_PACK_BACKEND])
             print(report.summary(), file=sys.stderr)
         else:
             from agentdb.embed import load_embedder

@@ -432,6 +432,8 @@ def test_demo_loads_the_manual_once(db_url: str) -> None:
     again = run(["demo", "--no-serve"], db_url)
     assert "is loaded" in again.stderr
     assert "match the documents" in run(["check", "pgdocs"], db_url).stdout
+    # The pack's vectors are PyTorch's, and the listing says so.
+    assert "all-MiniLM-L6-v2 (384, torch)" in run(["sources"], db_url).stdout
 
 
 def test_read_commands_check_the_schema_instead_of_migrating(
