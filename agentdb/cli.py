@@ -1205,8 +1205,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("files", nargs="+")
     p.add_argument("--id-field", help="key of the document id (default: _id, else id)")
-    p.add_argument("--title-field", default="title")
-    p.add_argument("--text-field", default="text")
+    p.add_argument(
+        "--title-field",
+        "--title-column",
+        default="title",
+        help="key or CSV column of the title that hits show (default title)",
+    )
+    p.add_argument(
+        "--text-field", "--text-column", default="text", help="key or CSV column of the text (default text)"
+    )
     p.add_argument("--embedding-field", default="embedding", help="key of a precomputed vector, if any")
     p.add_argument("--include-field", action="append", help="keep only these metadata keys (repeatable)")
     p.add_argument("--exclude-field", action="append", help="ignore this key (repeatable)")

@@ -488,6 +488,26 @@ def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
     assert listed[0]["fields"][0]["name"] == "code" and listed[0]["fields"][0]["type"] == "string"
     bad = run(["ingest", "codes", str(path), "--field", "code"], db_url, check=False)
     assert bad.returncode == 2 and "NAME:TYPE" in bad.stderr
+    # A CSV whose title and text are in other columns names them; its hits then show the title.
+    other = tmp_path / "products.csv"
+    other.write_text("sku,name,description\nA-1,Kettle,stainless steel kettle with a whistle\n")
+    run(
+        [
+            "ingest",
+            "products",
+            str(other),
+            "--id-field",
+            "sku",
+            "--title-column",
+            "name",
+            "--text-column",
+            "description",
+            "--no-progress",
+        ],
+        db_url,
+    )
+    shown = run(["search", "products", "kettle", "--mode", "lexical"], db_url).stdout
+    assert "Kettle  [A-1 #0]" in shown and "(untitled)" not in shown, shown
 
 
 def test_jsonl_timestamps_are_inferred_and_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
