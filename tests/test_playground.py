@@ -454,6 +454,7 @@ def test_memory_recall_from_a_store(page: Page) -> None:
     page.fill("#query", "which antibiotics must Alex avoid?")
     page.find("#memory-recall").click()
     page.wait(lambda: page.all("#memory-list li"), "the recalled memories")
+    assert page.all("#results #memory-list li"), "the memories go to the results column, beside the form"
     recalled = httpx.get(
         f"{page.url}/memory/alex",
         params={"query": "which antibiotics must Alex avoid?", "top_k": 5, "touch": "false"},
