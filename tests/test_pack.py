@@ -173,7 +173,7 @@ def test_the_manifest_describes_the_source(conn: psycopg.Connection[Any], docs: 
         "score": "float",
         "reviewed": "bool",
         "tags": "string_set",
-        "updated": "string",
+        "updated": "timestamp",  # an ISO-8601 string in JSON Lines
         "lang": "string",
     }
     assert manifest["embedding"]["model"] == MODEL and manifest["embedding"]["dim"] == 384
