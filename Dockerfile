@@ -4,6 +4,7 @@ WORKDIR /app
 # torch first and pinned, from the CPU index: an unpinned torch pulls a multi-gigabyte GPU build.
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY . .
-RUN pip install --no-cache-dir -e .
+# A regular (wheel) install: the SQL, migrations, playground and demo pack ship inside the package.
+RUN pip install --no-cache-dir .
 EXPOSE 8080
 CMD ["agentdb", "serve", "--host", "0.0.0.0", "--port", "8080"]

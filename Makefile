@@ -23,8 +23,9 @@ $(VENV)/.dev-installed: $(VENV)/.installed
 install: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
 
+# `make run PORT=8081` serves on another port (AGENTDB_PORT works too).
 run: install
-	$(BIN)/agentdb demo
+	$(BIN)/agentdb demo $(if $(PORT),--port $(PORT))
 
 # The whole suite takes the accelerated lexical path where the accelerator builds (tests/test_accel.py compares
 # both paths in one session); the lexical test files run once more with the plain SQL path forced.

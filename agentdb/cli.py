@@ -18,12 +18,12 @@ from typing import Any, Literal
 import orjson
 import psycopg
 
-from agentdb.config import Settings
-from agentdb.errors import AgentDBError, InvalidParamValue, from_db_error, is_outage
+from agentdb.config import Settings, find_data_dir, has_database
+from agentdb.errors import AgentDBError, DatabaseSetupError, InvalidParamValue, from_db_error, is_outage
+from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_path
 
 DEMO_SOURCE = "pgdocs"
-DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "pgdocs" / "pgdocs.jsonl.gz"
-DEMO_PACK = DEMO_FILE.with_name("pgdocs.pack.parquet")
+DEMO_PACK_BACKEND = "torch"
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -35,16 +35,42 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def _require_database(args: argparse.Namespace, settings: Settings) -> None:
+    """Only the commands that load data or set a database up (demo, start, migrate, ingest, register, pack
+    import, serve) make a new embedded database; any other one, run where there is none, says so and how to
+    point at one, instead of leaving an empty `.agentdb` behind."""
+    if settings.database_url or settings.database_url_file or has_database(settings.data_dir):
+        return
+    searched = args.data_dir is None and settings.data_dir == find_data_dir(Path.cwd())
+    where = (
+        f"{Path.cwd()} and its parent folders have no .agentdb"
+        if searched
+        else f"{settings.data_dir} holds no agentdb database"
+    )
+    raise DatabaseSetupError(
+        f"no agentdb database found: {where}",
+        path="data_dir",
+        hint="point at one with --data-dir DIR, AGENTDB_DATA_DIR=DIR or DATABASE_URL=postgresql://...; "
+        "or make one here with `agentdb demo`, `agentdb start` or `agentdb ingest`",
+    )
+
+
 @contextmanager
-def _connect(args: argparse.Namespace, *, migrate_schema: bool = False) -> Iterator[psycopg.Connection[Any]]:
+def _connect(
+    args: argparse.Namespace, *, migrate_schema: bool = False, create: bool = False
+) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to an up-to-date database. Only the commands that write (ingest, register,
     demo, pack import; start and serve do it themselves) apply migrations; the others check that the schema
-    is current and say what to run when it is not."""
+    is current and say what to run when it is not. Only those that load data (`create`) may make the embedded
+    database."""
     from agentdb.db import resolve_url
     from agentdb.db.migrate import migrate, require_current
     from agentdb.db.pool import configure
 
-    url = resolve_url(_settings(args))
+    settings = _settings(args)
+    if not create:
+        _require_database(args, settings)
+    url = resolve_url(settings)
     with psycopg.connect(url, autocommit=True) as conn:
         if migrate_schema:
             migrate(conn)
@@ -80,6 +106,7 @@ def cmd_db_url(args: argparse.Namespace) -> None:
     from agentdb.db import resolve_url
 
     settings = _settings(args)
+    _require_database(args, settings)
     print(resolve_url(settings, keep_running=True))
     if not settings.database_url:
         print(
@@ -386,7 +413,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         for name in args.files:
             yield from read_records(Path(name), types)
 
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         report = ingest(
             conn,
             args.source,
@@ -409,7 +436,7 @@ def cmd_register(args: argparse.Namespace) -> None:
     from agentdb.sources import register_table
 
     embedder = load_embedder(_settings(args).embedding_model)
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         source = register_table(
             conn,
             resolve_url(_settings(args)),
@@ -432,9 +459,17 @@ def cmd_register(args: argparse.Namespace) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
+    from agentdb.embed import load_embedder
     from agentdb.retrieval import retrieve
+    from agentdb.sources import get_source
 
     with _connect(args) as conn:
+        embedder = None
+        if args.mode != "lexical":
+            model = get_source(conn, args.source).embedding_model
+            # Said first: loading takes seconds, and the first use in a data directory also exports the model.
+            print(f"loading the embedding model {model}...", file=sys.stderr, flush=True)
+            embedder = load_embedder(model)
         result = retrieve(
             conn,
             args.source,
@@ -448,6 +483,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             fusion=args.fusion,
             alpha=args.alpha,
             output_results=args.json,
+            embedder=embedder,
         )
     if args.json:
         print(
@@ -970,8 +1006,24 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     check_port_free(settings.host, settings.port)
+    warm_embedder()
     print(f"agentdb serving on http://{settings.host}:{settings.port} (OpenAPI at /docs)", file=sys.stderr)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def warm_embedder() -> None:
+    """Load the embedding model in the background while the server starts, so that the first dense search
+    does not wait for it (a failure here is logged; the search then loads it, and reports the error)."""
+    from agentdb.embed import load_embedder
+
+    def warm() -> None:
+        try:
+            load_embedder()
+        except Exception:
+            logging.getLogger(__name__).exception("loading the embedding model failed")
+
+    print("loading the embedding model in the background", file=sys.stderr)
+    threading.Thread(target=warm, name="warm-embedder", daemon=True).start()
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -987,7 +1039,8 @@ def check_port_free(host: str, port: int) -> None:
         raise InvalidParamValue(
             f"cannot serve on {host}:{port}: {exc.strerror or exc}",
             path="port",
-            hint="another program (perhaps another agentdb serve) uses it: stop it, or pass --port",
+            hint="another program (perhaps another agentdb serve) uses it: stop it, or serve on another port "
+            "(--port 8081, AGENTDB_PORT=8081, or `make run PORT=8081`)",
         ) from None
 
 
@@ -1013,7 +1066,7 @@ def cmd_pack_export(args: argparse.Namespace) -> None:
 def cmd_pack_import(args: argparse.Namespace) -> None:
     from agentdb.pack import import_pack
 
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         report = import_pack(
             conn,
             Path(args.file),
@@ -1031,20 +1084,27 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if not args.no_serve:  # before the load, not after it
         settings = _settings(args)
         check_port_free(settings.host, settings.port)
-    with _connect(args, migrate_schema=True) as conn:
+    with _connect(args, migrate_schema=True, create=True) as conn:
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
-        elif DEMO_PACK.exists():
-            from agentdb.pack import import_pack
+        elif resource(DEMO, DEMO_PACK).is_file():
+            from agentdb.pack import import_pack, read_manifest
+            from agentdb.sources import get_source, record_embedding_backends
 
             print(
                 f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r} from its knowledge "
-                f"pack {DEMO_PACK.name} (embeddings included), once",
+                f"pack {DEMO_PACK} (embeddings included), once",
                 file=sys.stderr,
             )
-            report = import_pack(
-                conn, DEMO_PACK, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
-            )
+            with resource_path(DEMO, DEMO_PACK) as pack:
+                report = import_pack(
+                    conn, pack, embedding_model=_settings(args).embedding_model, source_name=DEMO_SOURCE
+                )
+                recorded = read_manifest(pack).embedding.backends
+            if not recorded:
+                # The shipped pack's manifest predates the backend field; it was embedded with PyTorch
+                # (tests/test_pack.py re-embeds a sample so and compares).
+                record_embedding_backends(conn, get_source(conn, DEMO_SOURCE), [DEMO_PACK_BACKEND])
             print(report.summary(), file=sys.stderr)
         else:
             from agentdb.embed import load_embedder
@@ -1053,11 +1113,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
             print(
                 f"loading the demo corpus (the PostgreSQL manual) into source {DEMO_SOURCE!r}; its knowledge pack "
-                f"{DEMO_PACK.name} is missing (examples/pgdocs/build.py --pack-only makes it), so CPU embedding "
+                f"{DEMO_PACK} is missing (examples/pgdocs/build.py --pack-only makes it), so CPU embedding "
                 "of about 9,000 chunks takes 5 to 15 minutes on 2 cores, once",
                 file=sys.stderr,
             )
-            ingested = ingest(conn, DEMO_SOURCE, read_records(DEMO_FILE), load_embedder(), progress=True)
+            with resource_path(DEMO, DEMO_CORPUS) as corpus:
+                ingested = ingest(conn, DEMO_SOURCE, read_records(corpus), load_embedder(), progress=True)
             print(ingested.summary(), file=sys.stderr)
         _demo_indexes(conn)
     if not args.no_serve:
@@ -1086,8 +1147,8 @@ def _demo_indexes(conn: psycopg.Connection[Any]) -> None:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
-        help="embedded server data directory (default ./.agentdb, env AGENTDB_DATA_DIR); "
-        "ignored when DATABASE_URL is set",
+        help="the embedded server's data directory (env AGENTDB_DATA_DIR; default: the .agentdb of this "
+        "folder or of its nearest parent that has one, else ./.agentdb); ignored when DATABASE_URL is set",
     )
 
 
@@ -1170,8 +1231,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("files", nargs="+")
     p.add_argument("--id-field", help="key of the document id (default: _id, else id)")
-    p.add_argument("--title-field", default="title")
-    p.add_argument("--text-field", default="text")
+    p.add_argument(
+        "--title-field",
+        "--title-column",
+        default="title",
+        help="key or CSV column of the title that hits show (default title)",
+    )
+    p.add_argument(
+        "--text-field", "--text-column", default="text", help="key or CSV column of the text (default text)"
+    )
     p.add_argument("--embedding-field", default="embedding", help="key of a precomputed vector, if any")
     p.add_argument("--include-field", action="append", help="keep only these metadata keys (repeatable)")
     p.add_argument("--exclude-field", action="append", help="ignore this key (repeatable)")
@@ -1181,7 +1249,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--field",
         action="append",
         metavar="NAME:TYPE",
-        help="the type of a CSV column (int, float, bool, timestamp, string) instead of inferring it; repeatable",
+        help="the type of a CSV column or JSON Lines key (int, float, bool, timestamp, string) instead of "
+        "inferring it; repeatable",
     )
     p.add_argument("--skip-bad", action="store_true", help="report and skip bad rows instead of aborting")
     p.add_argument("--no-progress", action="store_true")
@@ -1200,9 +1269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("search", cmd_search, "search a source (dense, lexical or hybrid)")
     p.add_argument("source")
     p.add_argument("query")
-    p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"])
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--rrf-k", type=int, default=60)
+    p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"], help="default hybrid")
+    p.add_argument("--top-k", type=int, default=10, help="hits to return (default 10)")
+    p.add_argument("--rrf-k", type=int, default=60, help="RRF's k: 1 / (k + rank) (default 60)")
     p.add_argument(
         "--fusion",
         default="rrf",
@@ -1214,7 +1283,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=0.5, help="BM25 weight of --fusion convex, 0..1 (default 0.5)"
     )
     p.add_argument(
-        "--threshold", type=float, default=0.5, help="max cosine distance on the dense leg; 0 = none"
+        "--threshold",
+        type=float,
+        default=0.5,
+        help="max cosine distance on the dense leg (default 0.5; 0 = none); all-MiniLM-L6-v2 puts many "
+        "relevant passages beyond 0.5: 0.7 keeps them",
     )
     p.add_argument("--filter", help='metadata filter as JSON, e.g. \'{"year": {"$gte": 2020}}\'')
     p.add_argument("--group-by-doc", action="store_true", help="best chunk per document")

@@ -120,6 +120,11 @@ def find_data_dir(start: Path) -> Path:
     `start/.agentdb` when there is none yet."""
     start = start.resolve()
     for directory in (start, *start.parents):
-        if (directory / DATA_DIR_NAME / "pg").is_dir():
+        if has_database(directory / DATA_DIR_NAME):
             return directory / DATA_DIR_NAME
     return start / DATA_DIR_NAME
+
+
+def has_database(data_dir: Path) -> bool:
+    """Whether `data_dir` holds an embedded server's database (made by its first start)."""
+    return (data_dir.expanduser() / "pg").is_dir()

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalRequest, RetrievalResponse, respond, run, validate
 from agentdb.agent.navigate import NavigationOptions
@@ -92,6 +92,14 @@ class SavedAgentIn(RetrieveParams):
     storage: str | None = Field(None, min_length=1, max_length=200)
     schema_name: str | None = Field(None, alias="schema", pattern=STORE_NAME.pattern)
     input: str = Field("", max_length=MAX_QUERY_CHARS)
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_endpoint(cls, name: str) -> str:
+        # /agents/retrieval is the retrieval endpoint: an agent of that name could not be read or changed.
+        if name == "retrieval":
+            raise ValueError("'retrieval' is the name of the endpoint POST /agents/retrieval; choose another")
+        return name
 
 
 class SavedAgent(SavedAgentIn):

@@ -20,10 +20,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentdb.cli import DEMO_FILE, build_parser
+from agentdb.cli import build_parser
 from agentdb.db.server import process_alive, read_postmaster
+from agentdb.resources import DEMO, DEMO_CORPUS, resource_path
 
 AGENTDB = [sys.executable, "-m", "agentdb.cli"]
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
     {
         "_id": "d1",
@@ -98,12 +100,20 @@ def test_every_command_has_help() -> None:
             [*AGENTDB, *name.split(), "--help"], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0 and "usage: agentdb " + name in result.stdout
+    search = build_parser().parse_args(["search", "s", "q"])
+    shown = subprocess.run([*AGENTDB, "search", "--help"], capture_output=True, text=True, timeout=60).stdout
+    shown = " ".join(shown.split())
+    for flag, value in (("mode", search.mode), ("top-k", search.top_k), ("threshold", search.threshold)):
+        assert re.search(rf"--{flag} \S+ .*?default {value}\b", shown), (flag, shown)
 
 
 def test_migrate_ingest_sources_search_check(db_url: str, corpus: Path) -> None:
     assert "up to date" in run(["migrate"], db_url).stdout
-    out = run(["ingest", "notes", str(corpus), "--no-progress"], db_url).stdout
-    assert "3 documents, 3 chunks" in out
+    ingested = run(["ingest", "notes", str(corpus)], db_url)
+    assert "3 documents, 3 chunks" in ingested.stdout
+    # The progress bar, then the index build it does not count, said as it starts.
+    assert "ingest notes: 100%" in ingested.stderr
+    assert "building the vector index of notes (3 chunks)" in ingested.stderr, ingested.stderr
     listed = orjson.loads(run(["sources", "--json"], db_url).stdout)
     assert [(s["name"], s["documents"], s["chunks"]) for s in listed] == [("notes", 3, 3)]
     assert {f["name"]: f["type"] for f in listed[0]["fields"]} == {"year": "int", "tags": "string_set"}
@@ -186,14 +196,36 @@ def test_eval_prints_ndcg_and_recall(db_url: str, corpus: Path, tmp_path: Path) 
     assert "nDCG@10 1.0000" in lines["lexical"] and "Recall@100 1.0000" in lines["hybrid"]
 
 
+def test_read_commands_in_a_folder_without_a_database_make_none(tmp_path: Path, corpus: Path) -> None:
+    """A read-only command run where neither the folder nor its parents have a .agentdb says so, and how to
+    point at one, and leaves nothing behind."""
+    folder = tmp_path / "elsewhere" / "deeper"
+    folder.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AGENTDB_DATA_DIR")}
+    for args in (["sources"], ["search", "notes", "backup"], ["db-url"], ["memory", "list"]):
+        result = subprocess.run([*AGENTDB, *args], cwd=folder, env=env, capture_output=True, text=True)
+        assert result.returncode != 0, result
+        assert f"no agentdb database found: {folder} and its parent folders have no .agentdb" in result.stderr
+        assert all(way in result.stderr for way in ("--data-dir", "AGENTDB_DATA_DIR", "DATABASE_URL"))
+        assert not any(tmp_path.rglob(".agentdb")), args
+    named = subprocess.run(
+        [*AGENTDB, "sources", "--data-dir", str(tmp_path / "db")],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert f"{tmp_path / 'db'} holds no agentdb database" in named.stderr and not (tmp_path / "db").exists()
+
+
 def test_db_url_gives_psql_a_working_url(embedded_dir: Path) -> None:
     """The URL outlives the command and the agentdb commands that come after it (their exit used to stop
     the server under psql's feet)."""
     data_dir = str(embedded_dir)
+    run(["migrate", "--data-dir", data_dir], None)
     result = run(["db-url", "--data-dir", data_dir], None)
     url = result.stdout.strip()
     assert "agentdb stop" in result.stderr
-    run(["migrate", "--data-dir", data_dir], None)
     run(["sources", "--data-dir", data_dir], None)
     with psycopg.connect(url) as conn:
         assert conn.execute("select current_database()").fetchone() == ("agentdb",)
@@ -393,13 +425,15 @@ def test_start_stop_and_status_with_an_external_database(db_url: str) -> None:
 def test_demo_loads_the_manual_once(db_url: str) -> None:
     """`agentdb demo` loads the PostgreSQL manual once, from its knowledge pack (no embedding), and the index
     checks out. (tests/test_readme.py serves it and runs the README's examples against it.)"""
-    with gzip.open(DEMO_FILE, "rb") as handle:
+    with resource_path(DEMO, DEMO_CORPUS) as corpus, gzip.open(corpus, "rb") as handle:
         records = sum(1 for line in handle if line.strip())
     first = run(["demo", "--no-serve"], db_url, timeout=600)
     assert "knowledge pack" in first.stderr and f"imported {records} documents" in first.stderr
     again = run(["demo", "--no-serve"], db_url)
     assert "is loaded" in again.stderr
     assert "match the documents" in run(["check", "pgdocs"], db_url).stdout
+    # The pack's vectors are PyTorch's, and the listing says so.
+    assert "all-MiniLM-L6-v2 (384, torch)" in run(["sources"], db_url).stdout
 
 
 def test_read_commands_check_the_schema_instead_of_migrating(
@@ -437,11 +471,13 @@ def test_a_closed_pipe_ends_the_command_quietly(db_url: str, monkeypatch: Any, c
 
 def test_search_shows_titles_and_what_the_threshold_left_out(db_url: str, corpus: Path) -> None:
     run(["ingest", "notes", str(corpus), "--no-progress"], db_url)
-    out = run(
-        ["search", "notes", "vacuum dead tuples", "--mode", "dense", "--threshold", "0.5"], db_url
-    ).stdout
-    assert "Vacuum  [d2 #0]" in out
-    assert "dense candidates were beyond --threshold 0.5 and left out" in out
+    searched = run(["search", "notes", "vacuum dead tuples", "--mode", "dense", "--threshold", "0.5"], db_url)
+    assert "Vacuum  [d2 #0]" in searched.stdout
+    assert "dense candidates were beyond --threshold 0.5 and left out" in searched.stdout
+    # The model's load is said before the wait (a lexical search needs no model).
+    assert "loading the embedding model all-MiniLM-L6-v2" in searched.stderr
+    lexical = run(["search", "notes", "vacuum", "--mode", "lexical"], db_url)
+    assert "loading the embedding model" not in lexical.stderr
 
 
 def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
@@ -452,6 +488,61 @@ def test_csv_column_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
     assert listed[0]["fields"][0]["name"] == "code" and listed[0]["fields"][0]["type"] == "string"
     bad = run(["ingest", "codes", str(path), "--field", "code"], db_url, check=False)
     assert bad.returncode == 2 and "NAME:TYPE" in bad.stderr
+    # A CSV whose title and text are in other columns names them; its hits then show the title.
+    other = tmp_path / "products.csv"
+    other.write_text("sku,name,description\nA-1,Kettle,stainless steel kettle with a whistle\n")
+    run(
+        [
+            "ingest",
+            "products",
+            str(other),
+            "--id-field",
+            "sku",
+            "--title-column",
+            "name",
+            "--text-column",
+            "description",
+            "--no-progress",
+        ],
+        db_url,
+    )
+    shown = run(["search", "products", "kettle", "--mode", "lexical"], db_url).stdout
+    assert "Kettle  [A-1 #0]" in shown and "(untitled)" not in shown, shown
+
+
+def test_jsonl_timestamps_are_inferred_and_types_can_be_stated(db_url: str, tmp_path: Path) -> None:
+    """JSON has no timestamp type: ISO-8601 strings become timestamp fields (filterable as such); --field
+    states a key's type in JSON Lines as in CSV, and a value that does not fit it is a bad row at its field."""
+    path = tmp_path / "notes.jsonl"
+    rows = [
+        {"_id": "a", "text": "old note", "added": "2023-05-01T09:00:00Z", "code": "2024-01-01", "n": "7"},
+        {"_id": "b", "text": "new note", "added": "2024-06-02", "code": "2024-02-02", "n": "8"},
+    ]
+    path.write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
+    run(["ingest", "notes", str(path), "--field", "code:string", "--field", "n:int", "--no-progress"], db_url)
+    (listed,) = orjson.loads(run(["sources", "--json"], db_url).stdout)
+    assert {f["name"]: f["type"] for f in listed["fields"]} == {
+        "added": "timestamp",
+        "code": "string",
+        "n": "int",
+    }
+    found = run(
+        [
+            "search",
+            "notes",
+            "note",
+            "--mode",
+            "lexical",
+            "--filter",
+            '{"added": {"$gte": "2024-01-01"}}',
+            "--json",
+        ],
+        db_url,
+    )
+    assert [h["id"] for h in orjson.loads(found.stdout)["hits"]] == ["b"]
+    path.write_bytes(orjson.dumps({"_id": "c", "text": "x", "n": "seven"}))
+    bad = run(["ingest", "notes", str(path), "--field", "n:int", "--no-progress"], db_url, check=False)
+    assert bad.returncode == 2 and "'seven' is not int, as --field n:int states" in bad.stderr, bad.stderr
 
 
 def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: str) -> None:
@@ -464,3 +555,9 @@ def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: 
             assert result.returncode == 2
             assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "serving on" not in result.stderr
             assert "loading" not in result.stderr and "Traceback" not in result.stderr
+            assert all(
+                way in result.stderr for way in ("--port 8081", "AGENTDB_PORT=8081", "make run PORT=8081")
+            )
+    # `make run PORT=...` reaches `agentdb demo --port` (make -n: the commands, not run).
+    made = subprocess.run(["make", "-n", "run", "PORT=8081"], cwd=ROOT, capture_output=True, text=True)
+    assert made.stdout.splitlines()[-1].endswith("agentdb demo --port 8081"), made.stdout

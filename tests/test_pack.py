@@ -15,12 +15,12 @@ import orjson
 import psycopg
 import pytest
 
-from agentdb.cli import DEMO_FILE, DEMO_PACK
 from agentdb.errors import StorageContentError, StorageKindMismatch
 from agentdb.ingest.chunking import chunk_text
 from agentdb.ingest.pipeline import _embedding_input, ingest
 from agentdb.ingest.readers import read_records
 from agentdb.pack import MANIFEST_KEY, export_pack, import_pack, read_manifest, read_rows
+from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource_path
 from agentdb.retrieval import retrieve
 from agentdb.sources import create_document_source, get_source, list_sources
 
@@ -173,7 +173,7 @@ def test_the_manifest_describes_the_source(conn: psycopg.Connection[Any], docs: 
         "score": "float",
         "reviewed": "bool",
         "tags": "string_set",
-        "updated": "string",
+        "updated": "timestamp",  # an ISO-8601 string in JSON Lines
         "lang": "string",
     }
     assert manifest["embedding"]["model"] == MODEL and manifest["embedding"]["dim"] == 384
@@ -298,12 +298,13 @@ def test_the_shipped_pack_matches_the_corpus_and_the_live_model() -> None:
     from agentdb.embed import load_embedder
 
     embedder = load_embedder(backend="torch")
-    manifest = read_manifest(DEMO_PACK)
-    with gzip.open(DEMO_FILE, "rb") as handle:
+    with resource_path(DEMO, DEMO_CORPUS) as path, gzip.open(path, "rb") as handle:
         corpus = {r["_id"]: r for r in map(orjson.loads, handle)}
+    with resource_path(DEMO, DEMO_PACK) as pack:
+        manifest = read_manifest(pack)
+        rows = list(read_rows(pack, manifest))
     assert manifest.documents == len(corpus)
     assert manifest.embedding.model == embedder.model_name and manifest.embedding.dim == embedder.dim
-    rows = list(read_rows(DEMO_PACK, manifest))
     assert len(rows) == manifest.chunks and {r.doc_id for r in rows} == set(corpus)
     sample = [rows[i] for i in np.random.default_rng(20240501).choice(len(rows), size=50, replace=False)]
     for row in sample:

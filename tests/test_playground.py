@@ -189,7 +189,7 @@ def page(browser: WebDriver, site: str, screens: Path) -> Page:
 
 def api_request(text: str, mode: str, **spec: Any) -> dict[str, Any]:
     """The JSON request the page sends for `text` in `mode` with its default form values."""
-    query: dict[str, Any] = {"table": "runbooks", "limit": 10, "threshold": 0.5, "rrf_k": 60, "fusion": "rrf"}
+    query: dict[str, Any] = {"table": "runbooks", "limit": 10, "threshold": 0.7, "rrf_k": 60, "fusion": "rrf"}
     if mode != "lexical":
         query["semantic_search"] = text
     if mode != "dense":
@@ -245,6 +245,50 @@ def test_search_in_each_mode_shows_both_legs_and_the_funnel(page: Page) -> None:
             assert ("lexical raw" in funnel) == (mode == "lexical") and ("dense raw" in funnel) == (
                 mode == "dense"
             )
+
+
+def test_the_form_fits_the_source_the_model_and_the_walk(page: Page) -> None:
+    """The threshold the page starts with suits MiniLM, and what the API's default 0.5 removes is said; a
+    field chip writes the short filter form; a graph walk switches to the only selection it takes and to a
+    graph index; a refused request says there is no walk; a source without an index cannot be walked, and
+    the source chosen last is chosen again on the next visit."""
+    assert page.find("#threshold").get_attribute("value") == "0.7"
+    page.search("restore a base backup and replay WAL", "hybrid", threshold="0.5")
+    notices = page.find("#notices")
+    assert notices.is_displayed() and "threshold 0.5" in notices.text and "dense candidates" in notices.text
+    page.shot("threshold-notice", top="#status")
+    page.search("restore a base backup and replay WAL", "hybrid", threshold="0")
+    assert not page.find("#notices").is_displayed()
+
+    chip = page.wait(lambda: page.all("#source-info button.field"), "the field chips")[0]
+    name = chip.text.split(":")[0]
+    chip.click()
+    assert page.find("#filter").get_attribute("value").startswith(f'{{"{name}":')
+
+    page.find("#nav summary").click()
+    page.find("#nav-on").click()
+    page.choose_index("sections")
+    Select(page.find("#nav-strategy")).select_by_value("graph")
+    assert Select(page.find("#nav-selection")).first_selected_option.get_attribute("value") == "agentic"
+    assert not page.find('#nav-selection option[value="ranked"]').is_enabled()
+    assert Select(page.find("#nav-index")).first_selected_option.get_attribute("value") == "xref"
+    page.fill("#filter", '{"nope": 1}')
+    page.search("backup", "lexical")
+    assert page.find("#filter-error").is_displayed()
+    assert page.find("#walk-info").text == "No walk: the request was refused."
+
+    assert httpx.post(
+        f"{page.url}/sources/plain/documents", json=[doc("p", "Plain", "no index here", None)]
+    ).is_success
+    page.driver.get(f"{page.url}/")
+    page.wait(lambda: "plain" in page.sources(), "the new source")
+    Select(page.find("#source")).select_by_value("plain")
+    page.wait(lambda: not page.find("#nav-on").is_enabled(), "navigation turned off")
+    assert "no index" in page.find("#nav-why").get_attribute("textContent")
+    page.driver.get(f"{page.url}/")
+    page.wait(lambda: "plain" in page.sources(), "the source list")
+    assert Select(page.find("#source")).first_selected_option.get_attribute("value") == "plain"
+    page.driver.execute_script("localStorage.clear()")
 
 
 def test_convex_fusion_with_alpha(page: Page) -> None:
@@ -410,6 +454,7 @@ def test_memory_recall_from_a_store(page: Page) -> None:
     page.fill("#query", "which antibiotics must Alex avoid?")
     page.find("#memory-recall").click()
     page.wait(lambda: page.all("#memory-list li"), "the recalled memories")
+    assert page.all("#results #memory-list li"), "the memories go to the results column, beside the form"
     recalled = httpx.get(
         f"{page.url}/memory/alex",
         params={"query": "which antibiotics must Alex avoid?", "top_k": 5, "touch": "false"},

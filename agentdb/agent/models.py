@@ -204,6 +204,9 @@ class RetrievalResponse(BaseModel):
     generation: dict[str, Any] | None = None
     # Tool calls the models made: the deepening judge's and the navigating model's.
     tool_calls_made: int = 0
+    # Plain-language warnings about the request (a threshold that removed dense candidates, a query with no
+    # search text), so that a caller need not read steps[].details to learn them.
+    notices: list[str] = []
     debug_info: dict[str, Any] | None = None
 
 

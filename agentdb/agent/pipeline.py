@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from agentdb.agent.merge import merge
-from agentdb.agent.models import AgentHit, MemoryOptions, RetrievalRequest, RetrievalResponse
+from agentdb.agent.models import AgentHit, MemoryOptions, QuerySpec, RetrievalRequest, RetrievalResponse
 from agentdb.agent.navigate import Scope
 from agentdb.agent.query import QueryOutcome, legs, run_query
 from agentdb.agent.stream import stream_call
@@ -231,6 +231,7 @@ def run(
     diagnostics: list[dict[str, Any]] = []
     tool_calls = 0
     status = "completed"
+    notices: list[str] = []
     for i, (spec, fields) in enumerate(zip(plan.queries, plan.projections, strict=True)):
         step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
         target = plan.targets[i]
@@ -257,6 +258,7 @@ def run(
             },
         }
         steps.append(done_step)
+        notices.extend(query_notices(i, spec, outcome.mode, outcome.result.diagnostics.get("parameters", {})))
         diagnostics.append({"query_index": i, **target, **outcome.result.diagnostics})
         yield "step_completed", done_step
         if plan.navigation is not None and plan.navigation.query_index == i:
@@ -331,9 +333,30 @@ def run(
             "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")},
             "tool_calls_made": tool_calls,
             "generation": generation,
+            "notices": notices,
             "debug_info": {"queries": diagnostics} if request.diagnostics else None,
         },
     )
+
+
+def query_notices(i: int, spec: QuerySpec, mode: str, counts: dict[str, Any]) -> list[str]:
+    """What a caller should know about query `i` that its hits do not show: dense candidates the threshold
+    removed (the default 0.5 keeps few with small models), and a query that named no search text."""
+    notices = []
+    if not (spec.semantic_search or spec.full_text_search):
+        notices.append(
+            f"queries[{i}] has neither semantic_search nor full_text_search: it searched the request's "
+            f"`query` text ({mode})"
+        )
+    dropped = int(counts.get("filtered_count") or 0)
+    if dropped:
+        raw = counts.get("dense_raw_count", counts.get("raw_result_count"))
+        notices.append(
+            f"queries[{i}]: threshold {spec.threshold} (the largest cosine distance the dense leg keeps) "
+            f"removed {dropped} of {raw} dense candidates; with a small model such as all-MiniLM-L6-v2, relevant "
+            "passages often lie beyond 0.5: raise the query's threshold (0.7, say) or set it to 0 for no limit"
+        )
+    return notices
 
 
 def json_events(events: Iterator[Event]) -> Iterator[tuple[str, Any]]:

@@ -11,12 +11,9 @@ from typing import Any
 
 import orjson
 import psycopg
-import swagger_ui_bundle
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
-from fastapi.staticfiles import StaticFiles
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentdb import __version__
-from agentdb.api import agents, documents, indexes, memory, playground, retrieval
+from agentdb.api import agents, docs, documents, indexes, memory, playground, retrieval
 from agentdb.api.deps import (
     DatabaseRoute,
     admit_body,
@@ -176,21 +173,10 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         description="A retrieval agent that lives inside PostgreSQL.",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
-        docs_url=None,  # served below from the swagger-ui-bundle package, not from a CDN
+        docs_url=None,  # agentdb/api/docs.py serves it without a CDN
         redoc_url=None,
     )
     app.router.route_class = DatabaseRoute
-    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
-
-    @app.get("/docs", include_in_schema=False)
-    def docs() -> Response:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="agentdb API",
-            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-            swagger_css_url="/docs-assets/swagger-ui.css",
-            swagger_favicon_url="/docs-assets/favicon-32x32.png",
-        )
 
     app.state.slots = principal_slots(settings)
 
@@ -293,12 +279,20 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         admit=admit_body,
     )
     app.include_router(retrieval.router)
+
+    # Before /agents/{name}: the retrieval endpoint answers other methods with 405, not "unknown agent".
+    @app.api_route("/agents/retrieval", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    def retrieval_other_methods() -> Response:
+        raise StarletteHTTPException(405, "use POST /agents/retrieval", headers={"Allow": "POST"})
+
     app.include_router(agents.router)
     app.include_router(documents.router)
     app.include_router(indexes.router)
     app.include_router(memory.router)
     app.include_router(playground.router)
     app.mount("/playground/static", playground.assets, name="playground")
+    app.include_router(docs.router)
+    app.mount("/docs-assets", docs.assets, name="docs-assets")
     return app
 
 

@@ -3,13 +3,11 @@ nothing from a CDN) that talks to the public API only, with the caller's key whe
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-STATIC = Path(__file__).with_name("static")
+from agentdb.resources import STATIC, resource
 
 # The page runs only its own script and talks only to this server: an injected tag (were any text ever
 # rendered as HTML) could neither run inline code nor load or send anything elsewhere.
@@ -19,13 +17,14 @@ CSP = (
 )
 
 router = APIRouter(include_in_schema=False)
-assets = StaticFiles(directory=STATIC)
+assets = StaticFiles(packages=[("agentdb.api", "static")])
 
 
 @router.get("/")
 @router.get("/playground")
-def page() -> FileResponse:
-    return FileResponse(
-        STATIC / "index.html",
+def page() -> Response:
+    return Response(
+        resource(STATIC, "index.html").read_bytes(),
+        media_type="text/html",
         headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"},
     )

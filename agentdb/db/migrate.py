@@ -6,19 +6,17 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
 
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
+from agentdb.resources import MIGRATIONS, SQL, sql_files
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS_DIR = ROOT / "migrations"
-FUNCTIONS_DIR = ROOT / "sql"
 # A fixed advisory lock key so that a second migrator waits instead of racing the first.
 MIGRATION_LOCK_KEY = 0x6167_6462  # "agdb"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -28,12 +26,12 @@ _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 class Migration:
     version: int
     name: str
-    path: Path
+    path: Traversable
 
 
-def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+def discover(package: str = MIGRATIONS) -> list[Migration]:
     found = []
-    for path in sorted(directory.glob("*.sql")):
+    for path in sql_files(package):
         match = _NAME.match(path.name)
         if not match:
             raise ValueError(f"migration file name must look like 0001_slug.sql: {path.name}")
@@ -85,7 +83,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         # parameters to be known when the caller is not a superuser.
         conn.execute("select '[1]'::vector")
         with conn.transaction():
-            for path in sorted(FUNCTIONS_DIR.glob("*.sql")):
+            for path in sql_files(SQL):
                 conn.execute(path.read_text())
             conn.execute(
                 "insert into agentdb.schema_functions (digest) values (%s)"
@@ -97,10 +95,10 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
 
-def functions_digest(directory: Path = FUNCTIONS_DIR) -> str:
+def functions_digest(package: str = SQL) -> str:
     """A digest of the stored functions' source (sql/*.sql), recorded by `migrate`."""
     digest = hashlib.sha256()
-    for path in sorted(directory.glob("*.sql")):
+    for path in sql_files(package):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -4,6 +4,7 @@ one transaction, so a bad row or a crash never leaves a half-written document.""
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -450,6 +451,10 @@ def ingest(
     finally:
         # (In a caller's transaction that failed, its rollback takes the drop back.)
         if created and conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+            if progress:  # the step after the bar, which can take a while
+                tqdm.write(
+                    f"building the vector index of {source.name} ({report.chunks} chunks)...", file=sys.stderr
+                )
             ensure_vector_index(conn, source)
     if report.chunks >= ANALYZE_AFTER_CHUNKS:
         analyze_source(conn, source)

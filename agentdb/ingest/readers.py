@@ -6,7 +6,8 @@ blank lines (so line numbers drift) and unifies the types of a key across rows (
 sniffer, given one unclosed quote or one row with an extra column, silently reads the whole file as a
 single column. Each CSV column gets the type nearly all its values have (int, float, bool, timestamp,
 else string; or the type the caller states), and a value that does not fit it is a bad row, not a reason
-to turn the whole column into strings.
+to turn the whole column into strings. JSON has no timestamp type: an ISO-8601 date string is read as one,
+and a stated type applies to JSON Lines keys as to CSV columns.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import gzip
 import io
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +59,50 @@ TEXT_COLUMNS = {"title": "string", "text": "string"}
 
 
 def read_records(path: Path, types: Mapping[str, str] | None = None) -> Iterator[Located]:
-    """Yield every record of `path` in file order. `types` states the type of CSV columns (int, float,
-    bool, timestamp, string) instead of inferring it; title and text are strings unless stated."""
+    """Yield every record of `path` in file order. `types` states the type of CSV columns and JSON Lines
+    keys (int, float, bool, timestamp, string) instead of inferring it; title and text are strings unless
+    stated."""
     if not path.exists():
         raise StorageFileNotFound(f"{path}: no such file", path="files")
     kind = file_format(path)
+    stated = {**TEXT_COLUMNS, **(types or {})}
+    for name, kind_of in stated.items():
+        if kind_of not in CSV_PARSERS:
+            raise StorageContentError(
+                f"cannot read a CSV column as {kind_of} (nor a JSON Lines key); use one of "
+                f"{', '.join(CSV_PARSERS)}",
+                path=f"types.{name}",
+            )
     if kind == "jsonl":
-        yield from _read_jsonl(path)
+        yield from (_typed_json(located, stated) for located in _read_jsonl(path))
     elif kind == "csv":
-        yield from _read_csv(path, {**TEXT_COLUMNS, **(types or {})})
+        yield from _read_csv(path, stated)
     else:
         yield from _read_with_duckdb(path)
+
+
+# The keys a JSON record names its document by: never read as timestamps.
+ID_KEYS = frozenset({"_id", "id"})
+
+
+def _typed_json(located: Located, stated: Mapping[str, str]) -> Located:
+    """A JSON record with its ISO-8601 date strings read as timestamps (JSON has no such type) and the stated
+    keys read as their type; a string that does not fit a stated type is a bad row at its field."""
+    if located.error is not None:
+        return located
+    record = dict(located.record)
+    for key, value in located.record.items():
+        kind = stated.get(key)
+        if kind is None and key not in ID_KEYS and isinstance(value, str) and _fits(_timestamp, value):
+            kind = "timestamp"
+        if kind is None or kind == "string" or not isinstance(value, str):
+            continue
+        try:
+            record[key] = CSV_PARSERS[kind](value)
+        except ValueError:
+            error = f"{value!r} is not {kind}, as --field {key}:{kind} states"
+            return replace(located, record={}, error=error, error_field=key)
+    return replace(located, record=record)
 
 
 def _read_jsonl(path: Path) -> Iterator[Located]:
@@ -184,12 +218,6 @@ def _open_text(path: Path) -> io.TextIOBase:
 def _read_csv(path: Path, stated: Mapping[str, str]) -> Iterator[Located]:
     """Records of a CSV file with a header line: a row with a bad quote or the wrong number of fields is a
     bad row at its line; a value that does not fit its column's type is a bad row at its field."""
-    for name, kind in stated.items():
-        if kind not in CSV_PARSERS:
-            raise StorageContentError(
-                f"cannot read a CSV column as {kind}; use one of {', '.join(CSV_PARSERS)}",
-                path=f"types.{name}",
-            )
     try:
         with _open_text(path) as handle:
             sample = handle.read(65536)

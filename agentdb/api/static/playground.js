@@ -77,8 +77,14 @@ function notice(text) {
 
 // --- sources -------------------------------------------------------------------------------------------
 
+// The source chosen last time (kept in this browser), else the demo's, else the first.
+const LAST_SOURCE = "agentdb.playground.source";
+const DEMO_SOURCE = "pgdocs";
+
 async function loadSources() {
-  const previous = $("source").value;
+  const previous = $("source").value || localStorage.getItem(LAST_SOURCE);
+  $("source").replaceChildren(el("option", { value: "", textContent: "loading the sources..." }));
+  $("source-info").textContent = "Loading the sources...";
   const { ok, status, data } = await api("GET", "/sources");
   $("source").replaceChildren();
   state.sources = [];
@@ -94,7 +100,8 @@ async function loadSources() {
     const label = `${source.name} (${source.documents} docs, ${source.chunks} chunks)`;
     $("source").append(el("option", { value: source.name, textContent: label }));
   }
-  if (data.some((s) => s.name === previous)) $("source").value = previous;
+  const preferred = [previous, DEMO_SOURCE].find((name) => data.some((s) => s.name === name));
+  if (preferred) $("source").value = preferred;
   renderSourceInfo();
 }
 
@@ -127,23 +134,44 @@ function renderSourceInfo() {
   loadIndexes(source.name);
 }
 
+// The short form, {"field": value}, for a scalar field; a set field takes the node that tests membership.
 function insertFilter(field) {
-  const sample = { int: 0, float: 0.0, bool: true, string_set: "" }[field.type];
+  const sample = { int: 0, float: 0.0, bool: true }[field.type];
   const node = field.type === "string_set"
     ? { op: "in", needle: { value: "" }, haystack: { knowledge: field.name } }
-    : { op: "eq", lhs: { knowledge: field.name }, rhs: { value: sample === undefined ? "" : sample } };
-  $("filter").value = JSON.stringify(node, null, 1);
+    : { [field.name]: sample === undefined ? "" : sample };
+  $("filter").value = JSON.stringify(node);
   $("filter").focus();
 }
 
 async function loadIndexes(name) {
   const { ok, data } = await api("GET", `/sources/${encodeURIComponent(name)}/indexes`);
-  if (!ok || $("source").value !== name) return;
-  for (const index of data) {
+  if ($("source").value !== name) return;
+  for (const index of ok ? data : []) {
     $("nav-index").append(el("option", { value: index.name, textContent: `${index.name} (${index.kind}, ${index.edges} edges)`, dataset: { kind: index.kind } }));
   }
-  const tree = treeIndex();
-  if (tree) $("nav-index").value = tree.value;
+  navigable(ok && data.length > 0);
+  fitNavigation();
+}
+
+// Navigation walks an index: without one it is off, and says why.
+function navigable(on) {
+  $("nav-on").disabled = !on;
+  if (!on) $("nav-on").checked = false;
+  $("nav-why").textContent = on ? "" : "This source has no index to walk (`agentdb index create` makes one).";
+}
+
+// Graphs take agentic selection only, and a walk needs an index of its strategy's kind.
+function fitNavigation() {
+  const graph = $("nav-strategy").value === "graph";
+  $("nav-depth").disabled = graph; // depth and beam bound tree walks only
+  $("nav-beam").disabled = graph;
+  $("nav-selection").querySelector('option[value="ranked"]').disabled = graph;
+  if (graph) $("nav-selection").value = "agentic";
+  const chosen = $("nav-index").selectedOptions[0];
+  const kind = graph ? "graph" : "tree";
+  const fitting = [...$("nav-index").options].find((o) => o.dataset.kind === kind);
+  if (fitting && (!chosen || chosen.dataset.kind !== kind)) $("nav-index").value = fitting.value;
 }
 
 // The first tree index of the source (the option), or undefined.
@@ -225,6 +253,7 @@ function resetResults() {
   $("hits").tBodies[0].replaceChildren();
   $("funnel").replaceChildren("Diagnostics appear after a search.");
   $("walk").replaceChildren();
+  showNotices([]);
   $("walk-info").textContent = $("nav-on").checked ? "Waiting for the walk..." : "Turn on navigation to watch a walk.";
   state.walk = null;
 }
@@ -266,6 +295,7 @@ async function stream(request) {
     const data = await response.json().catch(() => ({ error: { code: response.status, name: "HTTPError", message: response.statusText, path: null } }));
     showError(data.error);
     $("status").textContent = `Refused (${response.status}).`;
+    if ($("nav-on").checked) $("walk-info").textContent = "No walk: the request was refused.";
     return;
   }
   const reader = response.body.getReader();
@@ -321,7 +351,14 @@ function onEvent(kind, payload) {
     $("status").textContent = `${$("status").textContent} · done: ${payload.status}, ${count} hits`;
     const queries = payload.debug_info && payload.debug_info.queries;
     if (queries && queries.length) renderFunnel(queries[0]);
+    showNotices(payload.notices);
   }
+}
+
+// What the server says the hits do not show (the threshold's toll on the dense leg, for one).
+function showNotices(notices) {
+  $("notices").replaceChildren(...(notices || []).map((text) => el("li", { textContent: text })));
+  $("notices").hidden = !(notices && notices.length);
 }
 
 // A JSON response (a saved agent's run): the same views as the stream draws.
@@ -339,6 +376,7 @@ function renderResponse(data) {
   if (data.debug_info && data.debug_info.queries && data.debug_info.queries.length) {
     renderFunnel(data.debug_info.queries[0]);
   }
+  showNotices(data.notices);
 }
 
 // --- errors at their path ------------------------------------------------------------------------------
@@ -816,15 +854,14 @@ function start() {
     loadAgents();
     loadStores();
   });
-  $("source").addEventListener("change", renderSourceInfo);
+  $("source").addEventListener("change", () => {
+    localStorage.setItem(LAST_SOURCE, $("source").value);
+    renderSourceInfo();
+  });
   $("fusion").addEventListener("change", () => {
     $("alpha").disabled = $("fusion").value !== "convex"; // alpha weighs convex fusion only
   });
-  $("nav-strategy").addEventListener("change", () => {
-    const graph = $("nav-strategy").value === "graph"; // depth and beam bound tree walks only
-    $("nav-depth").disabled = graph;
-    $("nav-beam").disabled = graph;
-  });
+  $("nav-strategy").addEventListener("change", fitNavigation);
   $("doc-close").addEventListener("click", () => $("doc").close());
   $("doc-walk").addEventListener("click", () => {
     $("nav").open = true;
