@@ -158,9 +158,11 @@ def cmd_stop(args: argparse.Namespace) -> None:
     data_dir = _embedded_dir(args, "stop")
     for standby in stop_standbys(data_dir):
         print(f"stopped standby {standby.name} in {standby.pgdata}")
-    for worker in stop_workers(data_dir):
-        print(f"stopped {worker.name} in {worker.pgdata}")
     result = stop_embedded(data_dir, force=args.force)
+    # A cluster's workers stop with their coordinator, never under it.
+    if result.stopped or not result.was_running:
+        for worker in stop_workers(data_dir):
+            print(f"stopped {worker.name} in {worker.pgdata}")
     where = data_dir.expanduser().resolve()
     if not result.was_running:
         print(f"the embedded server in {where} is not running")

@@ -27,6 +27,7 @@ from agentdb.api.guard import RequestGuard, json_path
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url
+from agentdb.db.cluster import cluster_nodes
 from agentdb.db.migrate import migrate, require_current
 from agentdb.db.pool import open_pool
 from agentdb.db.primary import PrimaryWatcher
@@ -77,6 +78,17 @@ class PrimaryOut(BaseModel):
     error: str | None
 
 
+class NodeOut(BaseModel):
+    id: int
+    host: str
+    port: int
+    role: str  # coordinator or worker
+    active: bool
+    has_shards: bool
+    # Shards of each distributed or reference table this node holds, by table.
+    shards: dict[str, int]
+
+
 class Health(BaseModel):
     status: str
     database: str
@@ -85,6 +97,8 @@ class Health(BaseModel):
     replicas: list[ReplicaOut] = []
     # With DATABASE_URL_FILE: the primary it names (None without the file).
     primary: PrimaryOut | None = None
+    # On a Citus coordinator: the cluster's nodes (empty without Citus).
+    nodes: list[NodeOut] = []
 
 
 class SourceOut(BaseModel):
@@ -235,6 +249,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             version=__version__,
             replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
             primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
+            nodes=[NodeOut(**node) for node in cluster_nodes(conn)],
         )
 
     @app.get("/sources/{name}", response_model=SourceOut)

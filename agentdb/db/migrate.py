@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from agentdb.db.cluster import citus_version
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
 
@@ -48,6 +49,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     """Bring the database up to date; return the versions applied now (empty when already current)."""
     conn.autocommit = True
     check_connection(conn)
+    require_citus_version(conn)
     conn.execute("select pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
         with conn.transaction():
@@ -119,3 +121,21 @@ def require_current(conn: psycopg.Connection[Any]) -> None:
     row = conn.execute("select digest from agentdb.schema_functions").fetchone()
     if row is None or row[0] != functions_digest():
         raise DatabaseSetupError("the database's stored functions are not this agentdb's", hint=hint)
+
+
+# The first Citus release for PostgreSQL 18, and the one agentdb is tested with on a cluster.
+MIN_CITUS_VERSION = (14, 0)
+
+
+def require_citus_version(conn: psycopg.Connection[Any]) -> None:
+    """On a database with the citus extension, DatabaseSetupError unless it is MIN_CITUS_VERSION or later."""
+    version = citus_version(conn)
+    if version is None:
+        return
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if found < MIN_CITUS_VERSION:
+        wanted = ".".join(map(str, MIN_CITUS_VERSION))
+        raise DatabaseSetupError(
+            f"this database has Citus {version}; agentdb needs Citus {wanted} or later on a cluster",
+            hint=f"upgrade Citus on every node (ALTER EXTENSION citus UPDATE after installing {wanted}+)",
+        )

