@@ -5,6 +5,8 @@ the reason (conftest's `citus_cluster`)."""
 
 from __future__ import annotations
 
+import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import psycopg
 import pytest
 from conftest import citus_source
 from fastapi.testclient import TestClient
+from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
 from agentdb.cli import main
@@ -22,6 +25,7 @@ from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, cache_root, install
 from agentdb.db.cluster import list_workers
 from agentdb.db.migrate import require_citus_version
+from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError
 
@@ -162,3 +166,72 @@ def test_migrate_refuses_a_citus_older_than_14(
         require_citus_version(conn)
     monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "14.0-1")
     require_citus_version(conn)
+
+
+def _random_corpus(path: Path, seed: int, count: int = 80) -> list[list[float]]:
+    """A JSONL corpus of random texts over a small vocabulary (so that terms recur with varied frequencies),
+    a `team` field and random unit vectors; returns a few random query vectors."""
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+    def unit() -> list[float]:
+        vector = [rng.gauss(0, 1) for _ in range(384)]
+        norm = math.sqrt(sum(x * x for x in vector))
+        return [x / norm for x in vector]
+
+    with path.open("w") as out:
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+            record = {
+                "id": f"d{i}",
+                "title": f"doc {i}",
+                "text": text,
+                "team": f"t{i % 3}",
+                "embedding": unit(),
+            }
+            out.write(orjson.dumps(record).decode() + "\n")
+    return [unit() for _ in range(4)]
+
+
+def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | None]]) -> list[Any]:
+    rows = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        for text, vector, where in queries:
+            for mode in ("lexical", "dense", "hybrid"):
+                rows.append(
+                    conn.execute(
+                        "select id, chunk, rank, score, distance, bm25_score from agentdb.search("
+                        "'equal', %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
+                        " filter => %s)",
+                        (text, str(vector), mode, Jsonb(where) if where else None),
+                    ).fetchall()
+                )
+    return rows
+
+
+def test_agentdb_on_the_coordinator_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingest and search (lexical, dense, hybrid; with and without a filter) on the coordinator of a running
+    cluster give one node's hits, ranks and scores. agentdb's tables are not distributed yet: this checks that
+    Citus loaded on the coordinator, with workers registered, changes no answer."""
+    corpus = tmp_path / "equal.jsonl"
+    vectors = _random_corpus(corpus, seed=11)
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "equal", str(corpus)]) == 0
+    queries = [
+        ("alpha beta", vectors[0], None),
+        ("gamma", vectors[1], {"team": {"$eq": "t1"}}),
+        ("rho pi omicron xi", vectors[2], None),
+        ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
+    ]
+    cluster, one_node = _answers(coordinator, queries), _answers(db_url, queries)
+    assert all(rows for rows in one_node)  # every query finds something
+    for got, want in zip(cluster, one_node, strict=True):
+        assert [r[:3] for r in got] == [r[:3] for r in want]
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip(g[3:], w[3:], strict=True):
+                assert (a is None and b is None) or abs(a - b) <= 1e-9
