@@ -71,7 +71,7 @@ def test_start_brings_up_a_coordinator_and_two_registered_workers(
 
 
 def test_shards_of_a_distributed_table_show_in_status_and_healthz(
-    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = _coordinator_url(citus_cluster)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -91,6 +91,14 @@ def test_shards_of_a_distributed_table_show_in_status_and_healthz(
                 (n["host"], n["port"]) for n in report["nodes"]
             ]
             assert [n["shards"].get("cluster_probe", 0) for n in nodes] == shards
+            # An existing cluster, named by its coordinator's URL: the same nodes and shards.
+            monkeypatch.setenv("DATABASE_URL", url)
+            capsys.readouterr()
+            assert main(["status", "--json"]) == 0
+            external = orjson.loads(capsys.readouterr().out)["nodes"]
+            assert [(n["role"], n["active"], n["shards"]) for n in external] == [
+                (n["role"], n["active"], n["shards"]) for n in report["nodes"]
+            ]
         finally:
             conn.execute("drop table public.cluster_probe")
 
