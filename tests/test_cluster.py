@@ -9,6 +9,8 @@ import math
 import random
 import subprocess
 import sys
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from psycopg.types.json import Jsonb
 from agentdb.api import create_app
 from agentdb.cli import main
 from agentdb.config import Settings
-from agentdb.db.citus import SOURCE_ENV, build, cache_root, install
+from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
 from agentdb.db.cluster import list_workers, stop_worker
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
@@ -268,3 +270,42 @@ def test_agentdb_on_the_coordinator_answers_as_one_node(
         for g, w in zip(got, want, strict=True):
             for a, b in zip(g[3:], w[3:], strict=True):
                 assert (a is None and b is None) or abs(a - b) <= 1e-9
+
+
+def _fake_tarball(folder: Path, version: str, make_fails: bool = False) -> Path:
+    """A source tarball with Citus's layout whose configure, build and install are tiny: each configure run
+    is counted in `runs` beside it, and the install stages one library."""
+    top = folder / f"citus-{version}"
+    top.mkdir(parents=True)
+    runs = folder / "runs"
+    (top / "configure").write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 0.5\n")
+    (top / "configure").chmod(0o755)
+    pkglib = pg_config_value(pg_config(), "--pkglibdir").lstrip("/")
+    fail = "\tfalse\n" if make_fails else ""
+    (top / "Makefile").write_text(
+        f"all:\n{fail}\techo built > citus.so\ninstall:\n\tmkdir -p $(DESTDIR)/{pkglib}\n"
+        f"\tcp citus.so $(DESTDIR)/{pkglib}/fake_citus_{version.replace('.', '_')}.so\n"
+    )
+    tarball = folder / f"citus-{version}.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(top, arcname=top.name)
+    return tarball
+
+
+def test_concurrent_builds_build_once_and_a_failed_one_leaves_nothing(tmp_path: Path) -> None:
+    tarball = _fake_tarball(tmp_path / "src", "0.0.1")
+    cache = tmp_path / "cache"
+    (cache / f"{build_key('0.0.1', pg_config())}.partial").mkdir(parents=True)  # an interrupted build
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(lambda _: build(tarball, cache), range(3)))
+    assert len(set(folders)) == 1 and (folders[0] / "agentdb-built").exists()
+    assert (tmp_path / "src" / "runs").read_text().count("run") == 1
+    assert not list(cache.glob("*.partial"))
+    staged = [p.name for p in (folders[0] / "stage").rglob("*.so")]
+    assert staged == ["fake_citus_0_0_1.so"]
+
+    broken = _fake_tarball(tmp_path / "broken", "0.0.2", make_fails=True)
+    with pytest.raises(DatabaseSetupError, match="building Citus failed at `make") as failed:
+        build(broken, cache)
+    assert failed.value.hint is not None and "build.log" in failed.value.hint
+    assert not (cache / build_key("0.0.2", pg_config())).exists()

@@ -44,7 +44,7 @@ def pg_config() -> Path:
     return Path(_never_started().bin_path) / "pg_config"
 
 
-def _pg_config_value(pgc: Path, flag: str) -> str:
+def pg_config_value(pgc: Path, flag: str) -> str:
     return subprocess.run([str(pgc), flag], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -72,7 +72,7 @@ def cache_root(data_dir: Path) -> Path:
 
 def build_key(version: str, pgc: Path) -> str:
     """The cache folder's name: the Citus version and a digest of the server installation it is built for."""
-    install = f"{pgc.resolve()}\0{_pg_config_value(pgc, '--version')}"
+    install = f"{pgc.resolve()}\0{pg_config_value(pgc, '--version')}"
     return f"citus-{version}-{hashlib.sha256(install.encode()).hexdigest()[:12]}"
 
 
@@ -128,7 +128,7 @@ def build(tarball: Path, root: Path, pgc: Path | None = None) -> Path:
             raise DatabaseSetupError(f"{tarball} holds no citus-{version}/configure")
         pg = f"PG_CONFIG={pgc}"
         # The server was compiled with a clang-only warning flag that gcc rejects.
-        cflags = _pg_config_value(pgc, "--cflags").replace("-Wmissing-variable-declarations", "")
+        cflags = pg_config_value(pgc, "--cflags").replace("-Wmissing-variable-declarations", "")
         jobs = str(max(1, min(os.cpu_count() or 1, 4)))
         _run(["./configure", pg, *CONFIGURE_OPTIONS], src, logfile)
         _run(["make", f"-j{jobs}", pg, f"CFLAGS={cflags}"], src, logfile)
@@ -149,7 +149,7 @@ def install(built: Path, pgc: Path | None = None) -> list[Path]:
     stage = built / "stage"
     written = []
     for flag, sub in (("--pkglibdir", ""), ("--sharedir", "extension")):
-        target_dir = Path(_pg_config_value(pgc, flag)) / sub
+        target_dir = Path(pg_config_value(pgc, flag)) / sub
         staged_dir = stage / target_dir.relative_to(target_dir.anchor)
         for staged in sorted(p for p in staged_dir.rglob("*") if p.is_file()):
             target = target_dir / staged.relative_to(staged_dir)
