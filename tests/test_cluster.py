@@ -309,3 +309,20 @@ def test_concurrent_builds_build_once_and_a_failed_one_leaves_nothing(tmp_path: 
         build(broken, cache)
     assert failed.value.hint is not None and "build.log" in failed.value.hint
     assert not (cache / build_key("0.0.2", pg_config())).exists()
+
+
+def test_workers_on_a_server_running_without_citus_are_refused_with_the_way_out(
+    embedded_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = citus_source()
+    if not source.is_file():
+        pytest.skip(f"no Citus source tarball at {source}: the cluster tests need one (set {SOURCE_ENV})")
+    assert main(["start", "--data-dir", str(embedded_dir)]) == 0
+    capsys.readouterr()
+    args = ["start", "--workers", "2", "--citus-source", str(source), "--data-dir", str(embedded_dir)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "runs without Citus" in err and "agentdb stop --data-dir" in err
+    assert not list_workers(embedded_dir)  # no worker was made
+    conf = (embedded_dir / "pg" / "postgresql.conf").read_text()
+    assert "include_if_exists = 'agentdb-cluster.conf'" in conf  # Citus loads at its next start
