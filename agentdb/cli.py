@@ -144,8 +144,18 @@ def cmd_start(args: argparse.Namespace) -> None:
     from agentdb.db.server import server_status, start_embedded
 
     data_dir = _embedded_dir(args, "start")
+    if args.workers:
+        from agentdb.db.citus import source_from_env
+        from agentdb.db.cluster import prepare_coordinator
+
+        prepare_coordinator(data_dir, source_from_env(args.citus_source))
     was_running = server_status(data_dir).running
     url = start_embedded(data_dir, keep_running=True)
+    if args.workers:
+        from agentdb.db.cluster import start_workers
+
+        for worker in start_workers(data_dir, args.workers):
+            print(f"{worker.name} running in {worker.pgdata}; it stops with the server", file=sys.stderr)
     with psycopg.connect(url) as conn:
         migrate(conn)
     status = server_status(data_dir)
@@ -168,6 +178,7 @@ def cmd_start(args: argparse.Namespace) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
+    from agentdb.db.cluster import stop_workers
     from agentdb.db.server import stop_embedded
     from agentdb.db.standbys import stop_standbys
 
@@ -175,6 +186,10 @@ def cmd_stop(args: argparse.Namespace) -> None:
     for standby in stop_standbys(data_dir):
         print(f"stopped standby {standby.name} in {standby.pgdata}")
     result = stop_embedded(data_dir, force=args.force)
+    # A cluster's workers stop with their coordinator, never under it.
+    if result.stopped or not result.was_running:
+        for worker in stop_workers(data_dir):
+            print(f"stopped {worker.name} in {worker.pgdata}")
     where = data_dir.expanduser().resolve()
     if not result.was_running:
         print(f"the embedded server in {where} is not running")
@@ -224,6 +239,7 @@ def cmd_accel_build(args: argparse.Namespace) -> None:
 def cmd_status(args: argparse.Namespace) -> None:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+    from agentdb.db.cluster import describe_node, node_report
     from agentdb.db.server import server_status
 
     settings = _settings(args)
@@ -258,6 +274,7 @@ def cmd_status(args: argparse.Namespace) -> None:
         report["sources"] = None
         report["sources_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreachable"
     report["replicas"] = _replica_lines(settings, url)
+    report["nodes"] = node_report(url, None if settings.database_url else settings.data_dir)
     if args.json:
         print(orjson.dumps(report).decode())
         return
@@ -300,6 +317,8 @@ def cmd_status(args: argparse.Namespace) -> None:
         rotation = "in rotation" if replica["in_rotation"] else "out of rotation"
         state = f"{replica['role']}{lag}, {rotation}" if replica["state"] == "running" else replica["state"]
         lines.append((replica["name"], f"{state} ({where})"))
+    for node in report["nodes"]:
+        lines.append((node.get("name") or f"node {node['id']}", describe_node(node)))
     for key, value in lines:
         print(f"{key.replace('_', ' ') + ':':11}{value}")
 
@@ -1207,6 +1226,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also start N local streaming standbys (own data directories under the data directory, own ports, "
         "stopped with the server); prints their URLs after the server's",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the embedded server as a Citus coordinator with N local workers (own data directories under "
+        "the data directory, own sockets, stopped with the server)",
+    )
+    p.add_argument(
+        "--citus-source",
+        metavar="TARBALL",
+        help="the Citus source tarball (citus-X.Y.Z.tar.gz) to build once for --workers "
+        "(env AGENTDB_CITUS_SOURCE; the build is cached in AGENTDB_CITUS_CACHE, else <data-dir>/citus)",
     )
     p = command(
         "stop",

@@ -23,6 +23,7 @@ from agentdb.db.server import start_embedded, stop_embedded
 
 TEMPLATE = "agentdb_test_template"
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "scifact"
+CITUS_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "vendor" / "citus-14.0.1.tar.gz"
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +141,37 @@ def without_autovacuum(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             sql.SQL("alter table {} set (autovacuum_enabled = false)").format(sql.Identifier(schema, table))
         )
+
+
+def citus_source() -> Path:
+    """The Citus source tarball the cluster tests build: AGENTDB_CITUS_SOURCE, else ../shared/vendor's."""
+    from agentdb.db.citus import SOURCE_ENV
+
+    return Path(os.environ.get(SOURCE_ENV) or CITUS_SOURCE)
+
+
+@pytest.fixture(scope="session")
+def citus_cluster() -> Iterator[Path]:
+    """The data directory of a Citus coordinator with 2 workers, made by `agentdb start --workers 2` in a fresh
+    directory of this session's own and stopped and removed afterwards. Citus is built from AGENTDB_CITUS_SOURCE
+    (default: ../shared/vendor's tarball) once into AGENTDB_CITUS_CACHE (default: this checkout's
+    .agentdb/citus), and reused by later sessions."""
+    from agentdb.cli import main
+    from agentdb.db.citus import CACHE_ENV, SOURCE_ENV
+
+    source = citus_source()
+    if not source.is_file():
+        pytest.skip(f"no Citus source tarball at {source}: the cluster tests need one (set {SOURCE_ENV})")
+    os.environ.setdefault(CACHE_ENV, str(Path(__file__).resolve().parents[1] / ".agentdb" / "citus"))
+    data_dir = Path(tempfile.mkdtemp(prefix="agentdb-cluster-"))
+    try:
+        assert (
+            main(["start", "--workers", "2", "--citus-source", str(source), "--data-dir", str(data_dir)]) == 0
+        )
+        yield data_dir
+    finally:
+        from agentdb.db.cluster import stop_workers
+
+        stop_workers(data_dir)
+        stop_embedded(data_dir, force=True)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -37,6 +37,7 @@ from agentdb.auth import Principal, any_principals, check_table, read_scope, vis
 from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.accel import path_in_use
+from agentdb.db.cluster import cluster_nodes
 from agentdb.db.migrate import migrate, require_current
 from agentdb.db.pool import open_pool
 from agentdb.db.primary import PrimaryWatcher
@@ -88,6 +89,17 @@ class PrimaryOut(BaseModel):
     error: str | None
 
 
+class NodeOut(BaseModel):
+    id: int
+    host: str
+    port: int
+    role: str  # coordinator or worker
+    active: bool
+    has_shards: bool
+    # Shards of each distributed or reference table this node holds, by table.
+    shards: dict[str, int]
+
+
 class Health(BaseModel):
     # "ok", or "locked": a server on a public address with no principal, which answers no other request
     # and then shows nothing else here (no versions, no replicas).
@@ -100,6 +112,8 @@ class Health(BaseModel):
     primary: PrimaryOut | None = None
     # The path of the lexical leg: "accel" (agentdb's C extension) or "sql" (plain SQL).
     lexical_path: str = "sql"
+    # On a Citus coordinator: the cluster's nodes (empty without Citus).
+    nodes: list[NodeOut] = []
 
 
 class SourceOut(BaseModel):
@@ -244,6 +258,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
             primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
             lexical_path=path_in_use(conn),
+            nodes=[NodeOut(**node) for node in cluster_nodes(conn)],
         )
 
     @app.get("/sources/{name}", response_model=SourceOut)

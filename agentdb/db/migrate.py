@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from agentdb.db.cluster import citus_version
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
 from agentdb.resources import MIGRATIONS, SQL, sql_files
@@ -46,20 +47,18 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     """Bring the database up to date; return the versions applied now (empty when already current)."""
     conn.autocommit = True
     check_connection(conn)
+    require_citus_version(conn)
     conn.execute("select pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
-        with conn.transaction():
-            conn.execute("create schema if not exists agentdb")
-            conn.execute(
-                "create table if not exists agentdb.schema_migrations ("
-                " version int primary key, name text not null,"
-                " applied_at timestamptz not null default now())"
-            )
-            conn.execute(
-                "create table if not exists agentdb.schema_functions ("
-                " singleton boolean primary key default true check (singleton), digest text not null,"
-                " applied_at timestamptz not null default now())"
-            )
+        # Only when missing: on a Citus coordinator even a `create ... if not exists` of an existing object is
+        # sent to every worker, so an up-to-date database would fail to open while a worker is down.
+        tracked = conn.execute(
+            "select to_regclass('agentdb.schema_migrations') is not null"
+            " and to_regclass('agentdb.schema_functions') is not null"
+        ).fetchone()
+        if tracked != (True,):
+            with conn.transaction():
+                _create_tracking_tables(conn)
         done = {row[0] for row in conn.execute("select version from agentdb.schema_migrations")}
         applied = []
         for migration in discover():
@@ -95,6 +94,20 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
 
+def _create_tracking_tables(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("create schema if not exists agentdb")
+    conn.execute(
+        "create table if not exists agentdb.schema_migrations ("
+        " version int primary key, name text not null,"
+        " applied_at timestamptz not null default now())"
+    )
+    conn.execute(
+        "create table if not exists agentdb.schema_functions ("
+        " singleton boolean primary key default true check (singleton), digest text not null,"
+        " applied_at timestamptz not null default now())"
+    )
+
+
 def functions_digest(package: str = SQL) -> str:
     """A digest of the stored functions' source (sql/*.sql), recorded by `migrate`."""
     digest = hashlib.sha256()
@@ -117,3 +130,21 @@ def require_current(conn: psycopg.Connection[Any]) -> None:
     row = conn.execute("select digest from agentdb.schema_functions").fetchone()
     if row is None or row[0] != functions_digest():
         raise DatabaseSetupError("the database's stored functions are not this agentdb's", hint=hint)
+
+
+# The first Citus release for PostgreSQL 18, and the one agentdb is tested with on a cluster.
+MIN_CITUS_VERSION = (14, 0)
+
+
+def require_citus_version(conn: psycopg.Connection[Any]) -> None:
+    """On a database with the citus extension, DatabaseSetupError unless it is MIN_CITUS_VERSION or later."""
+    version = citus_version(conn)
+    if version is None:
+        return
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if found < MIN_CITUS_VERSION:
+        wanted = ".".join(map(str, MIN_CITUS_VERSION))
+        raise DatabaseSetupError(
+            f"this database has Citus {version}; agentdb needs Citus {wanted} or later on a cluster",
+            hint=f"upgrade Citus on every node (ALTER EXTENSION citus UPDATE after installing {wanted}+)",
+        )

