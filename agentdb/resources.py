@@ -16,6 +16,7 @@ from pathlib import Path
 SQL = "agentdb._sql"  # sql/: the stored functions, re-applied by `agentdb migrate`
 MIGRATIONS = "agentdb._migrations"  # migrations/: NNNN_slug.sql, applied once each
 DEMO = "agentdb._demo"  # examples/pgdocs/: the demo corpus and its knowledge pack
+EXT = "agentdb._ext"  # ext/: the C accelerator's sources, compiled against the running server
 STATIC = "agentdb.api.static"  # the playground and the API docs page
 
 DEMO_CORPUS = "pgdocs.jsonl.gz"

@@ -79,3 +79,6 @@ def test_the_wheel_carries_its_resources(tmp_path: Path) -> None:
     )
     hits = orjson.loads(found.stdout)["hits"]
     assert any(h["id"].startswith("continuous-archiving.html") for h in hits), [h["id"] for h in hits]
+    # The C accelerator's sources ship in the wheel too: the installed package builds it for its server.
+    status = run([agentdb, "status"], work, env)
+    assert "lexical: accelerated" in status.stdout, status.stdout

@@ -29,9 +29,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from agentdb.resources import EXT, resource
+
 log = logging.getLogger(__name__)
 
-EXT_DIR = Path(__file__).resolve().parents[2] / "ext"
 EXTENSION = "agentdb_accel"
 SOURCES = ("Makefile", f"{EXTENSION}.c", f"{EXTENSION}.control", f"{EXTENSION}--1.0.sql")
 BUILD_DIR = "agentdb_accel"  # inside pgdata: the server's user can read it, and base backups carry it
@@ -58,7 +59,7 @@ def forced_sql() -> bool:
 def source_digest() -> str:
     digest = hashlib.sha256()
     for name in SOURCES:
-        digest.update(name.encode() + b"\0" + (EXT_DIR / name).read_bytes())
+        digest.update(name.encode() + b"\0" + resource(EXT, name).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -97,7 +98,7 @@ def compile_into(pg_config: Path, target: Path) -> Built:
     with tempfile.TemporaryDirectory(prefix="agentdb-accel-build-") as scratch:
         src = Path(scratch)
         for name in SOURCES:
-            shutil.copyfile(EXT_DIR / name, src / name)
+            (src / name).write_bytes(resource(EXT, name).read_bytes())
         done = subprocess.run(
             ["make", "-s", f"PG_CONFIG={pg_config}", f"CFLAGS={cflags}"],
             cwd=src,

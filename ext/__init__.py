@@ -1,0 +1,1 @@
+"""Data only: the C accelerator's sources, shipped inside the package as `agentdb._ext` (see pyproject.toml)."""
