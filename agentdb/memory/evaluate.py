@@ -238,12 +238,12 @@ def memory_table(scores: Sequence[MethodScore]) -> str:
         return "(no methods)"
     k = scores[0].k
     categories = sorted({c for s in scores for c in s.by_category})
-    headers = ["method", "recall@1", f"recall@{k}", f"hit@{k}", f"stale@{k}", *categories, "p50 ms"]
+    headers = ["method", f"recall@{k}", "recall@1", f"hit@{k}", f"stale@{k}", *categories, "p50 ms"]
     rows = [
         [
             s.method,
-            f"{s.recall1:.3f}",
             f"{s.recall:.3f}",
+            f"{s.recall1:.3f}",
             f"{s.hit:.3f}",
             "-" if s.stale is None else f"{s.stale:.3f}",
             *(f"{s.by_category.get(c, 0):.3f}" for c in categories),
