@@ -532,42 +532,47 @@ def cmd_search(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from agentdb.evaluation import evaluate, load_qrels, load_queries
+    from agentdb.evaluation import evaluate, load_qrels, load_queries, split_by_id
     from agentdb.retrieval import retrieve
 
     queries, qrels = load_queries(Path(args.queries)), load_qrels(Path(args.qrels))
+    halves = split_by_id(list(queries.items()), lambda item: item[0])
     with _connect(args) as conn:
         for mode in args.mode:
-            result = evaluate(
-                lambda text, mode=mode: [  # type: ignore[misc]
-                    (h.id, h.score)
-                    for h in retrieve(
-                        conn,
-                        args.source,
-                        text,
-                        mode=mode,
-                        top_k=100,
-                        threshold=args.threshold,
-                        group_by_doc=True,
-                    ).hits
-                ],
-                queries,
-                qrels,
-                progress=not args.no_progress,
-            )
-            print(
-                f"{mode:8} nDCG@10 {result.ndcg10:.4f}  Recall@100 {result.recall100:.4f}  "
-                f"queries {result.queries}  p50 {result.percentile(50):.1f} ms (including query embedding)"
-            )
+            for half, items in halves.items():
+                result = evaluate(
+                    lambda text, mode=mode: [  # type: ignore[misc]
+                        (h.id, h.score)
+                        for h in retrieve(
+                            conn,
+                            args.source,
+                            text,
+                            mode=mode,
+                            top_k=100,
+                            threshold=args.threshold,
+                            group_by_doc=True,
+                            fusion=args.fusion,
+                            alpha=args.alpha,
+                        ).hits
+                    ],
+                    dict(items),
+                    qrels,
+                    progress=not args.no_progress,
+                )
+                print(
+                    f"{mode:8} {half:4} nDCG@10 {result.ndcg10:.4f}  Recall@100 {result.recall100:.4f}  "
+                    f"queries {result.queries}  p50 {result.percentile(50):.1f} ms (including query embedding)"
+                )
 
 
 def cmd_eval_nav(args: argparse.Namespace) -> None:
     from agentdb.agent.evaluate import evaluate_navigation
-    from agentdb.evaluation import load_questions, navigation_table
+    from agentdb.evaluation import load_questions, navigation_table, split_by_id
 
     questions = load_questions(Path(args.questions))
+    halves = split_by_id(questions, lambda q: q.id)
     with _connect(args) as conn:
-        rows = evaluate_navigation(
+        tables = evaluate_navigation(
             conn,
             _settings(args),
             args.source,
@@ -575,10 +580,14 @@ def cmd_eval_nav(args: argparse.Namespace) -> None:
             index=args.index,
             links_index=args.links_index or None,
             progress=not args.no_progress,
-        )["all"]
+            splits=halves,
+        )
     links = f", links {args.links_index}" if args.links_index else ""
-    print(f"{len(questions)} questions over {args.source} (index {args.index}{links})")
-    print(navigation_table(rows))
+    for half, subset in halves.items():
+        print(
+            f"{half}: {len(subset)} of {len(questions)} questions over {args.source} (index {args.index}{links})"
+        )
+        print(navigation_table(tables[half]))
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -791,7 +800,12 @@ def _memory_embedder(args: argparse.Namespace) -> Any:
 
 
 def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {"top_k": args.top_k, "decay": args.decay}
+    options: dict[str, Any] = {
+        "top_k": args.top_k,
+        "decay": args.decay,
+        "ranking": args.ranking,
+        "half_life_hours": args.half_life_hours,
+    }
     if args.weights:
         parts = args.weights.split(",")
         if len(parts) != 3:
@@ -998,24 +1012,33 @@ def cmd_memory_drop(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_memory(args: argparse.Namespace) -> None:
+    from agentdb.evaluation import split_by_id
     from agentdb.memory.evaluate import evaluate_memory, load_cases, memory_table
 
-    cases = load_cases(Path(args.cases))
+    halves = split_by_id(load_cases(Path(args.cases)), lambda c: c.id)
+    scores = {}
+    embedder = _memory_embedder(args)
     with _connect(args) as conn:
-        scores = evaluate_memory(
-            conn,
-            args.store,
-            cases,
-            embedder=_memory_embedder(args),
-            k=args.k,
-            principal=_memory_principal(conn, args.as_principal),
-            options={k: v for k, v in _memory_options(args).items() if k != "top_k"},
-        )
+        principal = _memory_principal(conn, args.as_principal)
+        for half, cases in halves.items():
+            scores[half] = evaluate_memory(
+                conn,
+                args.store,
+                cases,
+                embedder=embedder,
+                k=args.k,
+                principal=principal,
+                options={k: v for k, v in _memory_options(args).items() if k != "top_k"},
+            )
     if args.json:
-        print(orjson.dumps([s.to_dict() for s in scores]).decode())
+        print(orjson.dumps({half: [s.to_dict() for s in rows] for half, rows in scores.items()}).decode())
         return
-    print(f"{len(cases)} cases over memory store {args.store} (recall never touches the records here)")
-    print(memory_table(scores))
+    for half, rows in scores.items():
+        print(
+            f"{half}: {len(halves[half])} cases over memory store {args.store}"
+            " (recall never touches the records here)"
+        )
+        print(memory_table(rows))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -1331,7 +1354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", required=True)
     p.add_argument("--qrels", required=True)
     p.add_argument("--mode", action="append", choices=["dense", "lexical", "hybrid"])
-    p.add_argument("--threshold", type=float, default=0.0)
+    p.add_argument("--fusion", default="rrf", choices=["rrf", "convex"], help="hybrid fusion, as in search")
+    p.add_argument("--alpha", type=float, default=0.5, help="BM25 weight of --fusion convex, 0..1")
+    p.add_argument(
+        "--threshold", type=float, default=0.0, help="max cosine distance on the dense leg; 0 = none"
+    )
     p.add_argument("--no-progress", action="store_true")
 
     p = command(
@@ -1510,7 +1537,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("query")
     q.add_argument("--top-k", type=int, default=5)
     q.add_argument("--decay", type=float, default=0.995, help="recency = decay ** hours since last access")
-    q.add_argument("--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default 1,1,1)")
+    q.add_argument(
+        "--ranking",
+        default="calibrated",
+        choices=["calibrated", "generative_agents"],
+        help="calibrated (raw similarity, half-life slowed by importance) or the paper's min-max formula",
+    )
+    q.add_argument(
+        "--half-life-hours", type=float, default=72.0, help="calibrated: at importance 1 (x importance^2)"
+    )
+    q.add_argument(
+        "--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default: the ranking's, 1,0.5,3 or 1,1,1)"
+    )
     q.add_argument(
         "--history", action="store_true", help="include contradicted (superseded) memories and facts"
     )
@@ -1553,7 +1591,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--top-k", type=int, default=5, help=argparse.SUPPRESS)
     p.add_argument("--decay", type=float, default=0.995)
-    p.add_argument("--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default 1,1,1)")
+    p.add_argument(
+        "--ranking",
+        default="calibrated",
+        choices=["calibrated", "generative_agents"],
+        help="calibrated (raw similarity, half-life slowed by importance) or the paper's min-max formula",
+    )
+    p.add_argument(
+        "--half-life-hours", type=float, default=72.0, help="calibrated: at importance 1 (x importance^2)"
+    )
+    p.add_argument(
+        "--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default: the ranking's, 1,0.5,3 or 1,1,1)"
+    )
     p.add_argument("--as", dest="as_principal", metavar="PRINCIPAL")
     p.add_argument("--no-embed", action="store_true")
     p.add_argument("--json", action="store_true")

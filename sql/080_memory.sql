@@ -395,27 +395,35 @@ $$;
 --     query: the seed's fallback). Superseded records (a relation they asserted was contradicted) are left
 --     out unless `include_history`, and so is every record that `filter` (a metadata filter on the store's
 --     record schema, in the grammar of sources' filters; 3007 at filter... when it does not compile) rejects.
---   Ranking: recency = decay ^ hours since last access (as of `as_of`, default now), importance (1..10) and
---     relevance = cosine similarity of the query embedding to the memory, or to the memory in the context that
---     led to it, whichever is higher. That context is an entry entity the memory mentions, or the fact (a
---     relation, embedded as a sentence) walked to an entity it mentions that is most similar to the query; the
---     memory in context is the sum of the two vectors (about the vector of the memory written with its
---     context). So "what does Priya's husband do?" finds "Rui teaches marine biology" through "Priya
+--   Ranking, `ranking` 'calibrated' (the default): recency = 0.5 ^ (hours since last access / (`half_life_hours`
+--     x importance^2)), so a memory of importance 10 keeps half its recency a hundred times longer than one of
+--     importance 1 (durable facts do not fade like chatter); importance / 10; relevance = the raw cosine
+--     similarity below (at least 0), not stretched by the other candidates. Default weights 1, 0.5, 3.
+--   Ranking 'generative_agents' (the Generative Agents formula): recency = decay ^ hours since last access,
+--     importance (1..10) and relevance, each min-max normalised over the candidates (all equal -> 0). Default
+--     weights 1, 1, 1.
+--   Relevance (both rankings): cosine similarity of the query embedding to the memory, or to the memory in the
+--     context that led to it, whichever is higher. That context is an entry entity the memory mentions, or
+--     the fact (a relation, embedded as a sentence) walked to an entity it mentions that is most similar to the
+--     query; the memory in context is the sum of the two vectors (about the vector of the memory written with
+--     its context). So "what does Priya's husband do?" finds "Rui teaches marine biology" through "Priya
 --     MARRIED_TO Rui". Without a query embedding relevance is 0 and the response says it was unavailable.
---     Each term is min-max normalised over the candidates (all equal -> 0), weighted by w_recency,
---     w_importance, w_relevance and summed; ties go to the more important, then the more recent, then the id.
+--   The terms are weighted by w_recency, w_importance, w_relevance (null: the ranking's default) and summed;
+--     ties go to the more important, then the more recent, then the id.
 --   With `touch`, the `top_k` records returned get last_accessed_at = as_of (never earlier than it was).
--- Returns {"store", "query", "as_of", "decay", "weights", "relevance", "ranked_by", "entry_nodes",
+-- Returns {"store", "query", "as_of", "ranking", "decay", "half_life_hours", "weights", "relevance", "ranked_by", "entry_nodes",
 -- "reached", "candidate_count", "candidates": [top_k, ranked, each with its three terms], "facts"}.
+drop function if exists agentdb.memory_recall(text, text, vector, int, float8, float8, float8, float8, int, int,
+                                              float8, int, int, int, int, boolean, boolean, timestamptz, jsonb);
 create or replace function agentdb.memory_recall(
     store text,
     query text default '',
     query_embedding vector default null,
     top_k int default 5,
     decay float8 default 0.995,
-    w_recency float8 default 1,
-    w_importance float8 default 1,
-    w_relevance float8 default 1,
+    w_recency float8 default null,
+    w_importance float8 default null,
+    w_relevance float8 default null,
     candidates int default 20,
     entity_candidates int default 3,
     entity_threshold float8 default 0.6,
@@ -426,7 +434,9 @@ create or replace function agentdb.memory_recall(
     include_history boolean default false,
     touch boolean default true,
     as_of timestamptz default null,
-    filter jsonb default null
+    filter jsonb default null,
+    ranking text default 'calibrated',
+    half_life_hours float8 default 72
 ) returns jsonb
 language plpgsql
 set hnsw.iterative_scan = 'relaxed_order'
@@ -463,9 +473,20 @@ begin
     if top_k is null or top_k < 1 or top_k > 100 then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'top_k must be between 1 and 100', 'top_k');
     end if;
+    if ranking is null or ranking not in ('calibrated', 'generative_agents') then
+        perform agentdb.raise_error(3007, 'InvalidParamValue',
+            'ranking must be calibrated or generative_agents', 'ranking');
+    end if;
     if decay is null or not (decay > 0 and decay <= 1) then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'decay must be greater than 0 and at most 1', 'decay');
     end if;
+    if half_life_hours is null or not (half_life_hours > 0 and half_life_hours < 'Infinity'::float8) then
+        perform agentdb.raise_error(3007, 'InvalidParamValue', 'half_life_hours must be positive and finite',
+                                    'half_life_hours');
+    end if;
+    w_recency := coalesce(w_recency, 1);
+    w_importance := coalesce(w_importance, case when ranking = 'calibrated' then 0.5 else 1 end);
+    w_relevance := coalesce(w_relevance, case when ranking = 'calibrated' then 3 else 1 end);
     if w_recency is null or not (w_recency >= 0 and w_recency < 'Infinity'::float8) then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'weights must be finite and not negative', 'weights.recency');
     end if;
@@ -634,12 +655,20 @@ begin
                         when path_rel > coalesce(own_rel, -2) then path_via else 'memory' end as rel_via
             from s0
         ), raw as (
-            select s.*, exp(greatest(s.hours * ln($8), -700))::float8 as rec_raw from s
+            select s.*,
+                   case when $16 = 'calibrated'
+                        then exp(greatest(-ln(2) * s.hours / ($17 * s.imp_raw * s.imp_raw), -700))
+                        else exp(greatest(s.hours * ln($8), -700)) end::float8 as rec_raw
+            from s
         ), n as (
+            -- calibrated: each term on its own fixed scale; generative_agents: min-max over the candidates
             select raw.*,
-                   coalesce((rec_raw - min(rec_raw) over ()) / nullif(max(rec_raw) over () - min(rec_raw) over (), 0), 0) as rec_n,
-                   coalesce((imp_raw - min(imp_raw) over ()) / nullif(max(imp_raw) over () - min(imp_raw) over (), 0), 0) as imp_n,
-                   coalesce((rel_raw - min(rel_raw) over ()) / nullif(max(rel_raw) over () - min(rel_raw) over (), 0), 0) as rel_n,
+                   case when $16 = 'calibrated' then rec_raw
+                        else coalesce((rec_raw - min(rec_raw) over ()) / nullif(max(rec_raw) over () - min(rec_raw) over (), 0), 0) end as rec_n,
+                   case when $16 = 'calibrated' then imp_raw / 10
+                        else coalesce((imp_raw - min(imp_raw) over ()) / nullif(max(imp_raw) over () - min(imp_raw) over (), 0), 0) end as imp_n,
+                   case when $16 = 'calibrated' then greatest(coalesce(rel_raw, 0), 0)
+                        else coalesce((rel_raw - min(rel_raw) over ()) / nullif(max(rel_raw) over () - min(rel_raw) over (), 0), 0) end as rel_n,
                    max(rec_raw) over () - min(rec_raw) over () as rec_spread,
                    max(imp_raw) over () - min(imp_raw) over () as imp_spread,
                    coalesce(max(rel_raw) over () - min(rel_raw) over (), 0) as rel_spread
@@ -674,7 +703,8 @@ begin
             ) order by rank) from ranked where rank <= $13), '[]'::jsonb)) $q$, rec, men, rel, ent, filter_pred)
         into result
         using vector_hits, visited, query_embedding, per_entity, walked, prior, at_ts, decay,
-              include_history, w_recency, w_importance, w_relevance, top_k, paths, filter_params;
+              include_history, w_recency, w_importance, w_relevance, top_k, paths, filter_params, ranking,
+              half_life_hours;
 
     top_ids := array(select c->>'id' from jsonb_array_elements(result->'candidates') c);
     if touch and cardinality(top_ids) > 0 then
@@ -700,7 +730,8 @@ begin
         into reached using visited, depths;
 
     return jsonb_build_object(
-        'store', store, 'query', query, 'as_of', at_ts, 'decay', decay,
+        'store', store, 'query', query, 'as_of', at_ts, 'ranking', ranking, 'decay', decay,
+        'half_life_hours', half_life_hours,
         'weights', jsonb_build_object('recency', w_recency, 'importance', w_importance, 'relevance', w_relevance),
         'relevance', case when query_embedding is null then 'unavailable: no query embedding, so relevance is 0 for every candidate'
                           else 'cosine similarity to the query embedding' end,

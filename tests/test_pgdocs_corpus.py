@@ -196,3 +196,50 @@ def test_no_navigation_text(records: list[dict]) -> None:
         for line in r["text"].split("\n"):
             words = set(line.replace("|", " ").split())
             assert not {"Prev", "Up", "Home", "Next"} <= words, (r["_id"], line)
+
+
+QUESTION_FILES = ("questions.jsonl", "questions_more.jsonl")
+
+
+def test_question_sets_point_at_the_corpus_and_split_by_id(by_key: dict[str, dict]) -> None:
+    """Both runbook question sets: every gold key is a record of the corpus, ids are unique across the files,
+    no two questions share a gold set, the new set says in its header how it was written, and each file has
+    questions in both halves of the fixed split."""
+    from agentdb.evaluation import load_questions, split_by_id, split_of
+
+    folder = CORPUS.parent
+    sets = {name: load_questions(folder / name) for name in QUESTION_FILES}
+    questions = [q for subset in sets.values() for q in subset]
+    assert len(sets["questions.jsonl"]) == 77 and len(sets["questions_more.jsonl"]) >= 150
+    assert len({q.id for q in questions}) == len(questions)
+    assert len({frozenset(q.gold) for q in questions}) == len(questions)
+    missing = sorted({g for q in questions for g in q.gold} - by_key.keys())
+    assert not missing, missing[:10]
+    header = (folder / "questions_more.jsonl").read_text().splitlines()[0]
+    assert header.startswith("#") and "before any retrieval system was run" in header
+    more = sets["questions_more.jsonl"]
+    assert sum(len(q.gold) >= 2 for q in more) > len(more) / 2
+    for subset in sets.values():
+        halves = split_by_id(subset, lambda q: q.id)
+        assert halves["dev"] and halves["test"]
+        assert all(split_of(q.id) == half for half, part in halves.items() for q in part)
+
+
+def test_runbook_paths_follow_edges() -> None:
+    """examples/runbooks: every edge joins two steps with a known type, and every question's path starts at
+    a runbook's first step, follows edges, and ends at a step with no way out."""
+    folder = CORPUS.parents[1] / "runbooks"
+
+    def rows(name: str) -> list[dict]:
+        return [json.loads(line) for line in (folder / name).read_text().splitlines() if line.strip()]
+
+    steps = {s["_id"] for s in rows("steps.jsonl")}
+    edges = rows("edges.jsonl")
+    assert {e["type"] for e in edges} == {"next", "on_failure", "escalate"}
+    assert all(e["from"] in steps and e["to"] in steps for e in edges)
+    pairs = {(e["from"], e["to"]) for e in edges}
+    sources = {e["from"] for e in edges}
+    for q in rows("questions.jsonl"):
+        path = q["path"]
+        assert path[0].endswith("-1") and path[-1] not in sources, q["id"]
+        assert all(pair in pairs for pair in zip(path, path[1:], strict=False)), q["id"]

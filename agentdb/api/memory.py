@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psycopg
@@ -261,10 +261,12 @@ def recall_memory(
     request: Request,
     query: str = Query("", max_length=10_000),
     top_k: int = 5,
+    ranking: Literal["calibrated", "generative_agents"] = "calibrated",
+    half_life_hours: float = 72.0,
     decay: float = 0.995,
-    w_recency: float = 1.0,
-    w_importance: float = 1.0,
-    w_relevance: float = 1.0,
+    w_recency: float | None = None,
+    w_importance: float | None = None,
+    w_relevance: float | None = None,
     candidates: int = 20,
     entity_candidates: int = 3,
     hops: int = 1,
@@ -284,6 +286,8 @@ def recall_memory(
     _caller(caller)
     options = {
         "top_k": top_k,
+        "ranking": ranking,
+        "half_life_hours": half_life_hours,
         "decay": decay,
         "weights": {"recency": w_recency, "importance": w_importance, "relevance": w_relevance},
         "candidates": candidates,

@@ -2,8 +2,8 @@
 similarity (the dense leg of agentdb.retrieve, top k) and recency alone (the k most recently used records).
 
 A case is one JSON line: {"id", "question", "gold": [record ids], "stale": [record ids contradicted by a newer
-fact], "category", "at": ISO time the question is asked (recency is measured to it)}. Per method: recall@k
-(the share of gold ids in the top k, averaged over cases), hit@k (some gold id in the top k), stale@k (among
+fact], "category", "at": ISO time the question is asked (recency is measured to it)}. Per method: recall@1 and
+recall@k (the share of gold ids in the top 1 and the top k, averaged over cases), hit@k (some gold id in the top k), stale@k (among
 cases with stale ids, the share whose top k holds one: lower is better), per category, and latency.
 """
 
@@ -51,6 +51,7 @@ class MethodScore:
     hit: float
     stale: float | None
     by_category: dict[str, float]
+    recall1: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
 
@@ -62,6 +63,7 @@ class MethodScore:
             "method": self.method,
             "k": self.k,
             "cases": self.cases,
+            "recall@1": round(self.recall1, 4),
             f"recall@{self.k}": round(self.recall, 4),
             f"hit@{self.k}": round(self.hit, 4),
             f"stale@{self.k}": None if self.stale is None else round(self.stale, 4),
@@ -114,13 +116,14 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 
 
 def score(method: str, k: int, cases: Sequence[MemoryCase], ranked: Sequence[Sequence[str]]) -> MethodScore:
-    """recall@k, hit@k and stale@k of ranked id lists (one per case)."""
-    recalls, hits, stale_hits, misses = [], [], [], []
+    """recall@1, recall@k, hit@k and stale@k of ranked id lists (one per case)."""
+    recalls, firsts, hits, stale_hits, misses = [], [], [], [], []
     per_category: dict[str, list[float]] = {}
     for case, ids in zip(cases, ranked, strict=True):
         top = set(list(ids)[:k])
         found = len(top & set(case.gold)) / len(case.gold) if case.gold else 0.0
         recalls.append(found)
+        firsts.append(len(set(list(ids)[:1]) & set(case.gold)) / len(case.gold) if case.gold else 0.0)
         hits.append(1.0 if top & set(case.gold) else 0.0)
         if found < 1:
             misses.append(case.id)
@@ -135,6 +138,7 @@ def score(method: str, k: int, cases: Sequence[MemoryCase], ranked: Sequence[Seq
         hit=float(np.mean(hits)) if hits else 0.0,
         stale=float(np.mean(stale_hits)) if stale_hits else None,
         by_category={c: float(np.mean(v)) for c, v in sorted(per_category.items())},
+        recall1=float(np.mean(firsts)) if firsts else 0.0,
         misses=misses,
     )
 
@@ -234,11 +238,12 @@ def memory_table(scores: Sequence[MethodScore]) -> str:
         return "(no methods)"
     k = scores[0].k
     categories = sorted({c for s in scores for c in s.by_category})
-    headers = ["method", f"recall@{k}", f"hit@{k}", f"stale@{k}", *categories, "p50 ms"]
+    headers = ["method", f"recall@{k}", "recall@1", f"hit@{k}", f"stale@{k}", *categories, "p50 ms"]
     rows = [
         [
             s.method,
             f"{s.recall:.3f}",
+            f"{s.recall1:.3f}",
             f"{s.hit:.3f}",
             "-" if s.stale is None else f"{s.stale:.3f}",
             *(f"{s.by_category.get(c, 0):.3f}" for c in categories),

@@ -179,22 +179,27 @@ class StoreInfo(BaseModel):
 
 
 class Weights(BaseModel):
-    """How much each normalised term counts (equal by default, as in the paper)."""
+    """How much each term counts; a weight left out is the ranking's default (calibrated: recency 1,
+    importance 0.5, relevance 3; generative_agents: 1, 1, 1 as in the paper)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    recency: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    importance: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    relevance: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    recency: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    importance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    relevance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class RecallOptions(BaseModel):
-    """Knobs of a recall (agentdb.memory_recall documents each); defaults are the paper's equal weights and a
-    recency decay of 0.995 per hour since last access."""
+    """Knobs of a recall (agentdb.memory_recall documents each). `ranking` "calibrated" (the default) keeps
+    relevance as the raw similarity and lets recency halve every `half_life_hours` x importance^2 hours since
+    last access; "generative_agents" is the paper's formula: each term min-max normalised over the
+    candidates, recency `decay` per hour."""
 
     model_config = ConfigDict(extra="forbid")
 
     top_k: int = Field(default=5, ge=1, le=100)
+    ranking: Literal["calibrated", "generative_agents"] = "calibrated"
+    half_life_hours: float = Field(default=72.0, gt=0, allow_inf_nan=False)
     decay: float = Field(default=0.995, gt=0, le=1)
     weights: Weights = Weights()
     candidates: int = Field(default=20, ge=0, le=1000)
@@ -212,7 +217,8 @@ class RecallOptions(BaseModel):
 
 
 class TermScore(BaseModel):
-    """One ranking term of a candidate: its raw value, min-max normalised over the candidates, and weighted.
+    """One ranking term of a candidate: its raw value, on the ranking's scale (`normalized`: calibrated, a
+    fixed scale; generative_agents, min-max over the candidates), and weighted.
     For relevance, `via` says what the query was most similar to: "memory" (the record itself), "entity X"
     (an entry entity it mentions) or the fact "X PREDICATE Y" that led to an entity it mentions."""
 
@@ -269,7 +275,9 @@ class RecallResult(BaseModel):
     store: str
     query: str
     as_of: datetime
+    ranking: str
     decay: float
+    half_life_hours: float
     weights: Weights
     relevance: str
     ranked_by: list[str]

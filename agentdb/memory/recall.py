@@ -79,7 +79,8 @@ def recall(
 ) -> RecallResult:
     """Recall from the caller's store `store` (a name template over `variables` allowed): entry nodes from
     entity names in the query and (with an embedder, or `query_embedding`) from vector similarity, traversal
-    from them, then candidates ranked by recency + importance + relevance (see agentdb.memory_recall). Without
+    from them, then candidates ranked by recency + importance + relevance as `options.ranking` says (see
+    agentdb.memory_recall). Without
     a query vector relevance is 0 and `result.relevance` says so. With `options.touch` the returned records'
     last-accessed time becomes `as_of` (now). Keyword overrides set single options (`top_k=3`)."""
     allowed(principal)
@@ -96,7 +97,8 @@ def recall(
         rows = run_sql(
             conn,
             "select agentdb.memory_recall(%(store)s, %(query)s, %(vec)s::vector, top_k => %(top_k)s,"
-            " decay => %(decay)s, w_recency => %(wr)s, w_importance => %(wi)s, w_relevance => %(wv)s,"
+            " decay => %(decay)s, ranking => %(ranking)s, half_life_hours => %(half_life)s,"
+            " w_recency => %(wr)s, w_importance => %(wi)s, w_relevance => %(wv)s,"
             " candidates => %(candidates)s, entity_candidates => %(entity_candidates)s,"
             " entity_threshold => %(entity_threshold)s, hops => %(hops)s,"
             " per_entity => %(per_entity)s, prior => %(prior)s, max_edges => %(max_edges)s,"
@@ -107,6 +109,8 @@ def recall(
                 "vec": vector,
                 "top_k": opts.top_k,
                 "decay": opts.decay,
+                "ranking": opts.ranking,
+                "half_life": opts.half_life_hours,
                 "wr": opts.weights.recency,
                 "wi": opts.weights.importance,
                 "wv": opts.weights.relevance,
