@@ -89,7 +89,7 @@ def value_problem(value: Any, max_items: int | None = None) -> tuple[str, tuple[
     return None
 
 
-def _parse(document: bytes) -> Any:
+def parse_json(document: bytes) -> Any:
     """The JSON value of `document`; InvalidParamValue at `body` with the line and column when it is not JSON,
     or when it nests too deeply for the parser itself."""
     if not _LONG_NUMBER.search(document):
@@ -125,7 +125,7 @@ def body_problem(
     )
     for prefix, text in documents:
         try:
-            item = _parse(text)
+            item = parse_json(text)
         except InvalidParamValue as exc:
             if prefix:
                 exc.message = f"line {prefix[5:]}: {exc.message}"
@@ -202,14 +202,8 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
     async def _checked_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The request's body once every check passed (None when the client went away first)."""
-        for name, text in (
-            ("path", scope.get("path", "")),
-            ("query", unquote(scope.get("query_string", b"").decode("latin-1"), errors="surrogateescape")),
-        ):
-            problem = text_problem(text)
-            if problem:
-                raise InvalidParamValue(f"the request {name}: {problem}", path=name)
+        """The request's body once every check passed (None when the client went away first). A body a browser
+        may send cross-site without a preflight is refused (415) before anything else is read."""
         headers = dict(scope.get("headers") or [])
         method, path = scope.get("method", "GET"), scope.get("path", "")
         declared = headers.get(b"content-length", b"")
@@ -228,6 +222,13 @@ class RequestGuard:
                     f"a request body must be sent as {' or '.join(accepted)}, not {kind or 'no Content-Type'}",
                     path="content-type",
                 )
+        for name, text in (
+            ("path", path),
+            ("query", unquote(scope.get("query_string", b"").decode("latin-1"), errors="surrogateescape")),
+        ):
+            problem = text_problem(text)
+            if problem:
+                raise InvalidParamValue(f"the request {name}: {problem}", path=name)
         if declared.isdigit() and int(declared) > limit:
             raise self._too_large(limit, int(declared))
         if not has_body:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 import orjson
 import psycopg
-from fastapi import APIRouter, Body, Depends, Query, Request, Security
+from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from agentdb.api.deps import (
     BEARER,
@@ -29,6 +31,7 @@ from agentdb.api.deps import (
     request_connection,
     request_principal,
 )
+from agentdb.api.guard import parse_json
 from agentdb.auth import Principal, check_tool
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, parse_params
@@ -153,16 +156,36 @@ def stores(
     return list_stores(conn, principal=caller)
 
 
+OBJECTS_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}},
+}
+
+
+async def _upload(request: Request) -> Any:
+    """The JSON body of a bulk write, parsed off the event loop: it may be megabytes."""
+    return await run_in_threadpool(parse_json, await request.body())
+
+
+async def _objects(request: Request, what: str) -> list[dict[str, Any]]:
+    body = await _upload(request)
+    if not isinstance(body, list):
+        raise InvalidParamValue(f"expected a JSON array of {what} objects", path="body")
+    for i, item in enumerate(body):
+        if not isinstance(item, dict):
+            raise InvalidParamValue(f"each {what} must be a JSON object", path=f"body[{i}]")
+    return body
+
+
 @router.post(
     "/memory/{store}/records",
     response_model=WriteReport,
     status_code=201,
     openapi_extra={"requestBody": WRITE_BODY},
 )
-def add_records(
+async def add_records(
     store: str,
     request: Request,
-    body: Any = Body(...),  # noqa: B008
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> WriteReport:
@@ -170,6 +193,15 @@ def add_records(
     breaks the store's schema is 3007 at its path and nothing is written. Only when asked (`score_importance`,
     `extract_graph`) does the `generator` model score importance or extract entities and relations."""
     _caller(caller)
+    body = await run_in_threadpool(
+        parse_json, await request.body()
+    )  # a bulk upload: parsed off the event loop
+    return await run_in_threadpool(_add_records, store, request, body, conn, caller)
+
+
+def _add_records(
+    store: str, request: Request, body: Any, conn: psycopg.Connection[Any], caller: Principal | None
+) -> WriteReport:
     records, spec, body_vars, extraction = _write_body(body)
     wanted = extraction.get("score_importance", False) or extraction.get("extract_graph", False)
     model = (
@@ -317,35 +349,47 @@ class EntitiesOut(BaseModel):
     created: list[str]
 
 
-@router.post("/memory/{store}/entities", response_model=EntitiesOut, status_code=201)
-def add_entities(
+@router.post(
+    "/memory/{store}/entities",
+    response_model=EntitiesOut,
+    status_code=201,
+    openapi_extra={"requestBody": OBJECTS_BODY},
+)
+async def add_entities(
     store: str,
     request: Request,
-    body: list[dict[str, Any]] = Body(...),  # noqa: B008
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> EntitiesOut:
     """Add entities ({name, kind, metadata, embedding}) to an existing store; existing names are kept."""
     _caller(caller)
-    created = write_entities(
-        conn, store, body, principal=caller, embedder=load_embedder(), variables=_variables(request)
+    body = await _objects(request, "entity")
+    created = await run_in_threadpool(
+        partial(write_entities, conn, store, body, principal=caller, embedder=load_embedder()),
+        variables=_variables(request),
     )
     return EntitiesOut(created=created)
 
 
-@router.post("/memory/{store}/relations", response_model=list[RelationResult], status_code=201)
-def add_relations(
+@router.post(
+    "/memory/{store}/relations",
+    response_model=list[RelationResult],
+    status_code=201,
+    openapi_extra={"requestBody": OBJECTS_BODY},
+)
+async def add_relations(
     store: str,
     request: Request,
-    body: list[dict[str, Any]] = Body(...),  # noqa: B008
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> list[RelationResult]:
     """Assert relations ({subject, predicate, object, single_valued, valid_from, record_id}); one that
     contradicts a current single-valued relation closes it (kept in history, never deleted)."""
     _caller(caller)
-    return write_relations(
-        conn, store, body, principal=caller, embedder=load_embedder(), variables=_variables(request)
+    body = await _objects(request, "relation")
+    return await run_in_threadpool(
+        partial(write_relations, conn, store, body, principal=caller, embedder=load_embedder()),
+        variables=_variables(request),
     )
 
 
