@@ -94,8 +94,9 @@ def test_every_command_has_help() -> None:
         "start",
         "stop",
         "status",
+        "accel",
     }
-    for name in [*commands, "pack export", "pack import"]:
+    for name in [*commands, "pack export", "pack import", "accel build"]:
         result = subprocess.run(
             [*AGENTDB, *name.split(), "--help"], capture_output=True, text=True, timeout=60
         )
