@@ -560,5 +560,7 @@ def test_serve_on_a_busy_port_is_one_clear_error_before_anything_starts(db_url: 
                 way in result.stderr for way in ("--port 8081", "AGENTDB_PORT=8081", "make run PORT=8081")
             )
     # `make run PORT=...` reaches `agentdb demo --port` (make -n: the commands, not run).
-    made = subprocess.run(["make", "-n", "run", "PORT=8081"], cwd=ROOT, capture_output=True, text=True)
+    made = subprocess.run(
+        ["make", "--no-print-directory", "-n", "run", "PORT=8081"], cwd=ROOT, capture_output=True, text=True
+    )
     assert made.stdout.splitlines()[-1].endswith("agentdb demo --port 8081"), made.stdout

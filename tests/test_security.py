@@ -234,6 +234,8 @@ def test_a_locked_server_shows_nothing_but_its_status(conn: Any, db_url: str) ->
             "version": None,
             "replicas": [],
             "primary": None,
+            "lexical_path": None,
+            "nodes": [],
         }
         for path in PAGES:
             answer = client.get(path)

@@ -110,8 +110,8 @@ class Health(BaseModel):
     replicas: list[ReplicaOut] = []
     # With DATABASE_URL_FILE: the primary it names (None without the file).
     primary: PrimaryOut | None = None
-    # The path of the lexical leg: "accel" (agentdb's C extension) or "sql" (plain SQL).
-    lexical_path: str = "sql"
+    # The path of the lexical leg: "accel" (agentdb's C extension) or "sql" (plain SQL); None when locked.
+    lexical_path: str | None = None
     # On a Citus coordinator: the cluster's nodes (empty without Citus).
     nodes: list[NodeOut] = []
 
