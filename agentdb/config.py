@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# A file holding the primary's URL, re-read when it may have changed (a failover rewrites it).
+URL_FILE_ENV = "DATABASE_URL_FILE"
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,8 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         """Build settings from AGENTDB_* / DATABASE_URL variables; keyword overrides win when not None."""
         env = os.environ
-        url_file = Path(env["DATABASE_URL_FILE"]) if env.get("DATABASE_URL_FILE") else None
-        if url_file is not None:
-            from agentdb.db.primary import read_url_file
-
-            database_url: str | None = read_url_file(url_file)
-        else:
-            database_url = env.get("DATABASE_URL") or None
+        url_file = Path(env[URL_FILE_ENV]) if env.get(URL_FILE_ENV) else None
+        database_url = read_url_file(url_file) if url_file is not None else env.get("DATABASE_URL") or None
         settings = cls(
             database_url=database_url,
             database_url_file=url_file,
@@ -128,3 +125,19 @@ def find_data_dir(start: Path) -> Path:
 def has_database(data_dir: Path) -> bool:
     """Whether `data_dir` holds an embedded server's database (made by its first start)."""
     return (data_dir.expanduser() / "pg").is_dir()
+
+
+def read_url_file(path: Path) -> str:
+    """The connection URL in `path` (its first non-empty line); 9002 when it cannot be read or is empty."""
+    from agentdb.errors import DatabaseSetupError
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DatabaseSetupError(
+            f"cannot read the primary's URL from {path}: {exc.strerror or exc}", path=URL_FILE_ENV
+        ) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise DatabaseSetupError(f"{path} names no database URL (it is empty)", path=URL_FILE_ENV)
+    return lines[0]

@@ -13,12 +13,23 @@ from pydantic import BaseModel, ValidationError
 DB_ERROR_SQLSTATE = "ADB00"
 
 
+# Every error class by its code, filled as the classes are defined (as psycopg registers its SQLSTATEs), so
+# that an error raised by a stored function comes back as the same class.
+ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {}
+
+
 class AgentDBError(Exception):
     """Root of agentdb's errors; `http_status` is how the API reports it."""
 
     code: ClassVar[int] = 1000
     name: ClassVar[str] = "AgentDBError"
     http_status: ClassVar[int] = 500
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.code in ERRORS_BY_CODE:
+            raise TypeError(f"error code {cls.code} is taken by {ERRORS_BY_CODE[cls.code].__name__}")
+        ERRORS_BY_CODE[cls.code] = cls
 
     def __init__(self, message: str, path: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)
@@ -41,6 +52,15 @@ class AgentDBError(Exception):
         where = f" (at {self.path})" if self.path else ""
         hint = f"\n  hint: {self.hint}" if self.hint else ""
         return f"{self.name} {self.code}: {self.message}{where}{hint}"
+
+
+class InternalError(AgentDBError):
+    """A failure of agentdb itself, not of the request: the client sees this class only; the log has the rest."""
+
+    code, name, http_status = 1500, "InternalError", 500
+
+    def __init__(self, message: str = "internal error; see the server log", path: str | None = None) -> None:
+        super().__init__(message, path)
 
 
 class Unauthorized(AgentDBError):
@@ -133,32 +153,6 @@ class StatementTimeout(AgentDBError):
     """A statement ran past the configured statement timeout and was cancelled."""
 
     code, name, http_status = 9003, "StatementTimeout", 400
-
-
-ERRORS_BY_CODE: dict[int, type[AgentDBError]] = {
-    cls.code: cls
-    for cls in (
-        Unauthorized,
-        Forbidden,
-        Conflict,
-        PayloadTooLarge,
-        UnsupportedMediaType,
-        TooManyRequests,
-        InvalidAgentId,
-        GraphCompilationFailed,
-        AgentBusy,
-        ParamNotMutable,
-        InvalidParamValue,
-        StorageFileNotFound,
-        StorageKindMismatch,
-        InferenceFailed,
-        InferenceTimeout,
-        StorageContentError,
-        DatabaseUnavailable,
-        DatabaseSetupError,
-        StatementTimeout,
-    )
-}
 
 
 def from_db_error(exc: Exception) -> AgentDBError | None:

@@ -47,6 +47,7 @@ from agentdb.errors import (
     AgentDBError,
     DatabaseUnavailable,
     Forbidden,
+    InternalError,
     InvalidParamValue,
     from_db_error,
     is_outage,
@@ -222,27 +223,13 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             mapped = DatabaseUnavailable("the database is unavailable; retry shortly")
         if mapped is None:
             log.error("database error on %s %s: %s", request.method, request.url.path, exc)
-            return envelope(
-                {
-                    "code": 1500,
-                    "name": "InternalError",
-                    "message": "internal error; see the server log",
-                    "path": None,
-                },
-                500,
-            )
+            mapped = InternalError()
         return await agentdb_error(request, mapped)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        body = {
-            "code": 1500,
-            "name": "InternalError",
-            "message": "internal error; see the server log",
-            "path": None,
-        }
-        return envelope(body, 500)
+        return await agentdb_error(request, InternalError())
 
     @app.get("/healthz", response_model=Health)
     def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008

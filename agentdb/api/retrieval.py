@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,9 @@ from agentdb import agent
 from agentdb.api.deps import DatabaseRoute, read_pool, request_scope, require_primary
 from agentdb.auth import Principal
 from agentdb.config import Settings
-from agentdb.errors import AgentDBError
+from agentdb.errors import AgentDBError, InternalError
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["retrieval"], route_class=DatabaseRoute)
 
 
@@ -42,13 +44,8 @@ def _stream(
         yield sse("error", {"error": exc.to_dict()})
         yield sse("done", {"status": "failed", "route": "not_found"})
     except Exception:  # the envelope never carries a traceback; the log does
-        import logging
-
-        logging.getLogger(__name__).exception("retrieval stream failed")
-        yield sse(
-            "error",
-            {"error": {"code": 1500, "name": "InternalError", "message": "internal error", "path": None}},
-        )
+        log.exception("retrieval stream failed")
+        yield sse("error", {"error": InternalError().to_dict()})
         yield sse("done", {"status": "failed", "route": "not_found"})
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from agentdb.config import Settings
+from agentdb.config import Settings, read_url_file
 from agentdb.db.server import start_embedded
 from agentdb.errors import from_db_error
 
@@ -15,8 +15,6 @@ def resolve_url(settings: Settings, *, keep_running: bool = False) -> str:
     """The URL to use: the one in DATABASE_URL_FILE (read now: it may have changed), else DATABASE_URL, else the
     embedded server (started if needed)."""
     if settings.database_url_file is not None:
-        from agentdb.db.primary import read_url_file
-
         return read_url_file(settings.database_url_file)
     if settings.database_url:
         return settings.database_url

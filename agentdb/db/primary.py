@@ -19,27 +19,13 @@ from pathlib import Path
 
 import psycopg
 
+from agentdb.config import read_url_file
 from agentdb.db.replicas import redact
 from agentdb.errors import AgentDBError, DatabaseSetupError
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2
-URL_FILE_ENV = "DATABASE_URL_FILE"
-
-
-def read_url_file(path: Path) -> str:
-    """The connection URL in `path` (its first non-empty line); 9002 when it cannot be read or is empty."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise DatabaseSetupError(
-            f"cannot read the primary's URL from {path}: {exc.strerror or exc}", path=URL_FILE_ENV
-        ) from None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise DatabaseSetupError(f"{path} names no database URL (it is empty)", path=URL_FILE_ENV)
-    return lines[0]
 
 
 @dataclass(frozen=True)
