@@ -1,4 +1,4 @@
-"""Agentic deepening (seed 003, DashAI AgenticSingleRetriever): retrieve, let a model judge whether the pool
+"""Agentic deepening (as DashAI's AgenticSingleRetriever does it): retrieve, let a model judge whether the pool
 answers the question, and retrieve deeper while it says no, within hard budgets.
 
   * Round 1 retrieves the configured `top_k`, clamped to `max_chunks`.

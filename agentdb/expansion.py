@@ -1,4 +1,4 @@
-"""Retrieve-then-expand (seed 003): widen hits with their neighbouring chunks and merge windows that meet.
+"""Retrieve-then-expand: widen hits with their neighbouring chunks and merge windows that meet.
 
 The work is done by the stored function `agentdb.expand` (sql/060_expand.sql, where the rules are written
 down); this module is its Python door.

@@ -1,7 +1,7 @@
-"""The generation step: render the retrieved knowledge into the prompt with a Mustache template (seed 000's
-Generate node), place it relative to the user's message, ask the model, and keep the citations it made.
+"""The generation step: render the retrieved knowledge into the prompt with a Mustache template (the
+agent's Generate step), place it relative to the user's message, ask the model, and keep the citations it made.
 
-Template context (seed 000):
+Template context:
   * `knowledge`: one block per source, in the order given: `{name, has_chunks, chunks[]}`, each chunk
     `{id, chunk, title, has_title, text, distance, score}` (distance is empty for lexical-only hits; test
     `{{#has_title}}`, not `{{#title}}`: a section over a string makes the string the scope, and chevron

@@ -4,7 +4,7 @@ changed; a filter that does not compile is
 rejected and the previous one stays in force.
 
 The step reads a source (`source_kind` "file", the default: `source`) or one of the caller's memory stores
-by name (`source_kind` "name", seed 000's From Name: `storage`, a store name that may use the run's
+by name (`source_kind` "name": `storage`, a store name that may use the run's
 variables, `user_{var.user_id}`, and `schema`, the record schema name the store must have, 3011 otherwise).
 
 An agent belongs to the principal that created it (None: created without keys, in local development).
@@ -66,7 +66,7 @@ MUTABLE = (
 
 
 class RetrieveParams(BaseModel):
-    """The mutable parameters, with the Retrieve step's defaults (REFERENCE.md section 1)."""
+    """The mutable parameters, with the Retrieve step's defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -385,7 +385,7 @@ def run_agent(
     diagnostics: bool = False,
     variables: dict[str, str | int] | None = None,
 ) -> RetrievalResponse:
-    """Run `caller`'s agent `name` on `text` (its own `input` when set wins, seed 001) through the retrieval
+    """Run `caller`'s agent `name` on `text` (its own `input` wins when set) through the retrieval
     pipeline, under the running caller's grants: its tool and table grant and the stored filter against
     its field grant are checked again now (authorize), and the pipeline reads with its field grant and row
     filter in its database role. An agent on a memory store reads the caller's store its `storage` names

@@ -682,7 +682,7 @@ begin
 end;
 $$;
 
--- Query objects (seed 002, Antfly/Bleve style): term, terms, prefix, numeric and date ranges, conjuncts,
+-- Query objects (Antfly/Bleve style): term, terms, prefix, numeric and date ranges, conjuncts,
 -- disjuncts (at least `min`, default 1), bool (wrapped or not), match_all, match_none, ids, doc_id.
 create or replace function agentdb_internal.filter_parse_query(
     ctx jsonb, node jsonb, path text, depth int, inout nodes int, inout vals int, out ast jsonb

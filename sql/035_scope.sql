@@ -46,7 +46,7 @@ $$;
 
 -- The predicates a read of `src` (aliased c) applies, written with the parameter placeholders `refs`
 -- (filter, row filter, filter_query, exclusion_query, in that order) and the values to bind there:
---   pred: `filter` and `filter_query` match and `exclusion_query` does not (seed 002 query objects);
+--   pred: `filter` and `filter_query` match and `exclusion_query` does not (query objects);
 --   row_pred: the caller's row filter, or 'true' when it is the active principal's own, which its role's
 --   row security applies already (and which may read fields outside the role's column grant).
 create or replace function agentdb_internal.scope_predicate(

@@ -1,5 +1,5 @@
 -- Memory stores (migration 0011, agentdb/memory/): records written at run time, an entity graph per store, and
--- recall ranked by recency, importance and relevance (seed 004, Generative Agents).
+-- recall ranked by recency, importance and relevance (Generative Agents, or the calibrated ranking).
 --
 -- A store N has four tables in schema agentdb_memory:
 --   s<N>_records    the memories: a document source (agentdb_mem_<N> in agentdb.sources) with one chunk per
@@ -379,7 +379,7 @@ begin
 end;
 $$;
 
--- Recall from the caller's store `store` (seed 004): entry nodes, traversal, candidates, ranking, in one call.
+-- Recall from the caller's store `store`: entry nodes, traversal, candidates, ranking, in one call.
 --   Entry nodes: the entities whose name is a run of words of `query` (agentdb_internal.memory_ngrams, exact,
 --     case-insensitive), and with `query_embedding` the `entity_candidates` entities nearest to it (HNSW) within
 --     cosine distance `entity_threshold` (0 = no limit; names embed far from most questions, so the nearest

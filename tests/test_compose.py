@@ -1,4 +1,4 @@
-"""docker-compose.yml works as documented (issue 10, item 3). Images cannot be pulled here, so the api
+"""docker-compose.yml works as documented. Images cannot be pulled here, so the api
 service's exact command and environment run as a process, with DATABASE_URL pointing at a second
 PostgreSQL (another embedded server) and the host 0.0.0.0, as inside the container."""
 

@@ -1,5 +1,5 @@
 """Settings: the data directory is found like git finds `.git`, so a command run elsewhere in the project
-does not silently create a second, empty database (issue 10, item 7)."""
+does not silently create a second, empty database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CSV ingestion that does not hide bad rows (issue 10, item 5): malformed rows are reported at their line,
+"""CSV ingestion that does not hide bad rows: malformed rows are reported at their line,
 a value that does not fit its column's type is a bad row at its field, and nothing creates an empty source."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Registered tables keep their embeddings current (issue 10, item 6): rows written by other programs are
+"""Registered tables keep their embeddings current: rows written by other programs are
 embedded by the server in the background, `/sources` says how many wait, and registering is idempotent."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The generation step: Mustache rendering of the seed 000 context, placements, data delimiters that document
+"""The generation step: Mustache rendering of the knowledge context, placements, data delimiters that document
 text cannot close, citations, and the step's validation. The model is the scripted provider (the real SDK
 over a replaying transport)."""
 

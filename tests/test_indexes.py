@@ -1,4 +1,4 @@
-"""Hierarchy and graph indexes (issue 12, items 1 and 9): declaring them, edges that follow the documents
+"""Hierarchy and graph indexes: declaring them, edges that follow the documents
 through every kind of write, the check, explicit edges over HTTP and from files, agentdb.neighbors under a
 principal's row security, the HTTP routes' permissions and the `agentdb index` commands."""
 

@@ -1,5 +1,5 @@
-"""Memory stores (issue 13): records with importance and timestamps, the entity graph, recall ranked by recency,
-importance and relevance (seed 004), assembly inside <memory> delimiters, and ownership by principal, against a
+"""Memory stores: records with importance and timestamps, the entity graph, recall ranked by recency,
+importance and relevance, assembly inside <memory> delimiters, and ownership by principal, against a
 real PostgreSQL and the real MiniLM embedder."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A Retrieve step that reads a memory store by name (seed 000's source kind "name"): in a retrieval request
+"""A Retrieve step that reads a memory store by name (the source kind "name"): in a retrieval request
 (`queries[i].store` with `schema` and `vars`) and in a saved agent (`source_kind: "name"`, `storage`,
 `schema`), with the store's record schema checked, the store's own fields filterable, and another owner's
 store as absent as one that does not exist."""

@@ -1,4 +1,4 @@
-"""The holes an attacker's probe found (issue 9), each reproduced over HTTP against the real app and database:
+"""The holes an attacker's probe found, each reproduced over HTTP against the real app and database:
 saved agents (field grant, ownership), the open-server guard, hidden names, the body limit, hostile input,
 cross-site requests and database outages."""
 

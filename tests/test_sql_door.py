@@ -1,4 +1,4 @@
-"""The SQL door: agentdb.search without a vector (issue 10, item 7) runs lexical and says so, instead of
+"""The SQL door: agentdb.search without a vector runs lexical and says so, instead of
 failing on the hybrid default; agentdb.retrieve returns one json document."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Principals that write documents (the `ingest` tool): they exist, and their writes stay inside their row
-filter and field grant (issue 10, item 1)."""
+filter and field grant."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retrieval agent (seed 002, pipeline mode): validate every query and permission first, run each
+"""The retrieval agent in pipeline mode: validate every query and permission first, run each
 query through agentdb.retrieve under the caller's scope (deepened and expanded when asked), merge the hit
 lists by RRF, optionally generate an answer, and report steps, usage and diagnostics.
 

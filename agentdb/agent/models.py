@@ -34,7 +34,7 @@ class QuerySpec(BaseModel):
     """One query of a retrieval request: which table, which legs, which filters, how many hits.
 
     The table is a source (`table`) or one of the caller's memory stores (`store`, a name template over
-    `vars`, seed 000's source kind "name"), whose record schema name must be `schema` (agentdb.agent.validate
+    `vars`: the source kind "name"), whose record schema name must be `schema` (agentdb.agent.validate
     resolves it to the source of the store's records)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -67,7 +67,7 @@ class QuerySpec(BaseModel):
 
 
 class RetrievalOptions(BaseModel):
-    """`steps.retrieval`: agentic deepening (seed 003), neighbour expansion, and (later) navigation."""
+    """`steps.retrieval`: agentic deepening, neighbour expansion, and (later) navigation."""
 
     model_config = ConfigDict(extra="forbid")
 

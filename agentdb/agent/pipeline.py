@@ -1,4 +1,4 @@
-"""The retrieval agent in pipeline mode (seed 002) as one stream of events: each query (retrieval,
+"""The retrieval agent in pipeline mode as one stream of events: each query (retrieval,
 deepening, expansion), the merge, the optional generation step, then `done`. The same events become the
 JSON response (`respond`) and server-sent events (`json_events`)."""
 

@@ -65,8 +65,8 @@ async def retrieval(
     """Run the queries (pipeline mode; optional deepening, neighbour expansion and generation), merge their
     hits by RRF, and answer as JSON or as an event stream."""
     conn, caller = scoped
-    # Validation and the run in one call to the thread pool (as a sync route with sync dependencies the
-    # request took five hops between the event loop and the pool's threads; now two).
+    # Validation and the run in one call to the thread pool: each hop between the event loop and the pool's
+    # threads costs a context switch, so the blocking work is done in one.
     return await run_in_threadpool(_answer, conn, request, caller, http)
 
 

@@ -1,5 +1,5 @@
 """Memory: named stores written at run time, an entity graph per store, and recall ranked by recency,
-importance and relevance (seed 004), under the same database permissions as sources.
+importance and relevance (the Generative Agents formula, or the calibrated ranking), under the same database permissions as sources.
 
     from agentdb.memory import write_records, recall, assemble
 

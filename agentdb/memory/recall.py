@@ -1,4 +1,4 @@
-"""Recall and assembly (seed 004): rank a store's memories for a query by recency, importance and relevance,
+"""Recall and assembly: rank a store's memories for a query by recency, importance and relevance,
 then render the top ones inside `<memory>` delimiters within a token budget.
 
 `recall` embeds the query (when an embedder is given) and calls agentdb.memory_recall, the one implementation
