@@ -1,5 +1,6 @@
 """Memory: named stores written at run time, an entity graph per store, and recall ranked by recency,
-importance and relevance (the Generative Agents formula, or the calibrated ranking), under the same database permissions as sources.
+importance and relevance (the Generative Agents formula, or the calibrated ranking), under the same
+database permissions as sources.
 
     from agentdb.memory import write_records, recall, assemble
 
@@ -31,6 +32,7 @@ from agentdb.memory.models import (
     WriteReport,
 )
 from agentdb.memory.names import STORE_NAME, resolve_store_name, template_variables
+from agentdb.memory.read import get_entity, get_record
 from agentdb.memory.recall import (
     SEARCH_MEMORY_TOOL,
     assemble,
@@ -51,8 +53,6 @@ from agentdb.memory.store import (
 )
 from agentdb.memory.write import (
     delete_record,
-    get_entity,
-    get_record,
     write_entities,
     write_records,
     write_relations,

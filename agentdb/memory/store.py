@@ -8,6 +8,7 @@ store is DDL, done by the application for the owner it names.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -241,3 +242,21 @@ __all__ = [
     "list_stores",
     "store_info",
 ]
+
+
+def entity_keys(conn: psycopg.Connection[Any], names: Iterable[str]) -> dict[str, str]:
+    """The key each name is matched by (agentdb_internal.memory_key: lower case, punctuation around words
+    dropped), computed by the database so that it is exactly the key stored and searched."""
+    unique = list(dict.fromkeys(names))
+    if not unique:
+        return {}
+    rows = conn.execute(
+        "select n, agentdb_internal.memory_key(n) from unnest(%s::text[]) n", (unique,)
+    ).fetchall()
+    return {n: k for n, k in rows}
+
+
+def lock(conn: psycopg.Connection[Any], store: Store) -> None:
+    """Take the store's write lock for the rest of the transaction (agentdb_internal.memory_lock): writers of
+    one store queue here before anything else, so they cannot deadlock."""
+    conn.execute("select agentdb_internal.memory_lock(%s)", (store.id,))

@@ -1,5 +1,5 @@
 """Writes to a memory store: records (one or many, with the entities they mention and the relations they
-assert), entities, relations, and reads and deletes by key.
+assert), entities, relations, and deletes by key (reads by key are agentdb.memory.read).
 
 Everything a write sends is validated before anything is written (3007 with the JSON path of the bad value),
 then written in one transaction under the caller's role: a write is all or nothing. Records are embedded
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
@@ -29,9 +28,6 @@ from agentdb.llm import Model
 from agentdb.memory.extract import extract
 from agentdb.memory.models import (
     EntityIn,
-    EntityOut,
-    Fact,
-    MemoryRecord,
     RecordIn,
     RelationIn,
     RelationResult,
@@ -40,7 +36,17 @@ from agentdb.memory.models import (
     fact_text,
 )
 from agentdb.memory.names import resolve_store_name
-from agentdb.memory.store import Store, allowed, check_fields, check_spec, create_store, find_store, get_store
+from agentdb.memory.store import (
+    Store,
+    allowed,
+    check_fields,
+    check_spec,
+    create_store,
+    entity_keys,
+    find_store,
+    get_store,
+    lock,
+)
 from agentdb.sources import FieldSpec, coerce_value
 
 log = logging.getLogger(__name__)
@@ -123,18 +129,6 @@ def _record_entities(records: list[RecordIn]) -> list[EntityIn]:
             found.setdefault(rel.subject, EntityIn(name=rel.subject))
             found.setdefault(rel.object, EntityIn(name=rel.object))
     return list(found.values())
-
-
-def entity_keys(conn: psycopg.Connection[Any], names: Iterable[str]) -> dict[str, str]:
-    """The key each name is matched by (agentdb_internal.memory_key: lower case, punctuation around words
-    dropped), computed by the database so that it is exactly the key stored and searched."""
-    unique = list(dict.fromkeys(names))
-    if not unique:
-        return {}
-    rows = conn.execute(
-        "select n, agentdb_internal.memory_key(n) from unnest(%s::text[]) n", (unique,)
-    ).fetchall()
-    return {n: k for n, k in rows}
 
 
 def _by_key(entities: list[EntityIn], keys: Mapping[str, str]) -> list[EntityIn]:
@@ -284,14 +278,7 @@ def write_records(
                 "scoring importance or extracting entities needs a model", path="generator"
             )
         parsed = extract(model, parsed, importance=score_importance, graph=extract_graph)
-    seen: dict[str, int] = {}
-    for i, r in enumerate(parsed):
-        if r.id is not None:
-            if r.id in seen:
-                raise InvalidParamValue(
-                    f"record id {r.id!r} appears twice in the write", path=f"records[{i}].id"
-                )
-            seen[r.id] = i
+    _check_unique_ids(parsed)
     existing, fields = _prepared_store(conn, name, principal, spec, create)
     metadata = [coerce_metadata(fields, r.metadata, f"records[{i}].metadata") for i, r in enumerate(parsed)]
     embedding_model = (
@@ -299,25 +286,9 @@ def write_records(
     )
     dim = existing.source.embedding_dim if existing else (embedder.dim if embedder else 384)
     _check_model(embedding_model, embedder, name)
-    vectors: list[str | None] = []
-    for i, r in enumerate(parsed):
-        vectors.append(
-            None
-            if r.embedding is None
-            else _vector_text(check_vector(r.embedding, dim, f"records[{i}].embedding"))
-        )
-    todo = [i for i, v in enumerate(vectors) if v is None]
-    for i, v in zip(todo, _embed(embedder, [parsed[i].text for i in todo]), strict=True):
-        vectors[i] = v
-    now = datetime.now(UTC)
+    vectors = _record_vectors(parsed, dim, embedder)
     ids = [r.id or uuid.uuid4().hex for r in parsed]
-    created_at = [_utc(r.created_at) or now for r in parsed]
-    accessed = [_utc(r.last_accessed_at) or c for r, c in zip(parsed, created_at, strict=True)]
-    for i, (c, a) in enumerate(zip(created_at, accessed, strict=True)):
-        if a < c:
-            raise InvalidParamValue(
-                "last_accessed_at is before created_at", path=f"records[{i}].last_accessed_at"
-            )
+    created_at, accessed = _record_times(parsed)
     mentioned = _record_entities(parsed)
     keys = entity_keys(conn, (e.name for e in mentioned))
     entities = _by_key(mentioned, keys)
@@ -337,16 +308,7 @@ def write_records(
             ]
         with read_scope(conn, principal):
             lock(conn, target)
-            taken = conn.execute(
-                sql.SQL("select doc_id from {} where doc_id = any(%s)").format(target.table("records")),
-                (ids,),
-            ).fetchone()
-            if taken is not None:
-                raise Conflict(
-                    f"memory store {name!r} already has a record {taken[0]!r}",
-                    path=f"records[{ids.index(taken[0])}].id",
-                    hint="delete it first, or write under another id",
-                )
+            _check_ids_free(conn, target, ids)
             _insert_records(conn, target, ids, parsed, metadata, vectors, created_at, accessed)
             entity_ids, created_names = _upsert_entities(conn, target, entities, keys, entity_vectors)
             mentions = [
@@ -355,6 +317,7 @@ def write_records(
                 for e in [*r.entities, *(n for rel in r.relations for n in (rel.subject, rel.object))]
             ]
             _insert_mentions(conn, target, mentions)
+            # Relations are asserted in time order (then write order), so a later fact closes an earlier one.
             asserted = sorted(
                 (
                     (_utc(rel.valid_from) or created_at[i], i, rel)
@@ -383,10 +346,58 @@ def write_records(
     )
 
 
-def lock(conn: psycopg.Connection[Any], store: Store) -> None:
-    """Take the store's write lock for the rest of the transaction (agentdb_internal.memory_lock): writers of
-    one store queue here before anything else, so they cannot deadlock."""
-    conn.execute("select agentdb_internal.memory_lock(%s)", (store.id,))
+def _check_unique_ids(parsed: Sequence[RecordIn]) -> None:
+    """3007 at the second of two records of one write that give the same id."""
+    seen: set[str] = set()
+    for i, r in enumerate(parsed):
+        if r.id is not None:
+            if r.id in seen:
+                raise InvalidParamValue(
+                    f"record id {r.id!r} appears twice in the write", path=f"records[{i}].id"
+                )
+            seen.add(r.id)
+
+
+def _record_vectors(parsed: Sequence[RecordIn], dim: int, embedder: Embedder | None) -> list[str | None]:
+    """Each record's vector as pgvector text: the writer's own (checked against the store's dimension), else
+    the embedder's, computed for all the records that need one in one batch."""
+    vectors: list[str | None] = [
+        None
+        if r.embedding is None
+        else _vector_text(check_vector(r.embedding, dim, f"records[{i}].embedding"))
+        for i, r in enumerate(parsed)
+    ]
+    todo = [i for i, v in enumerate(vectors) if v is None]
+    for i, v in zip(todo, _embed(embedder, [parsed[i].text for i in todo]), strict=True):
+        vectors[i] = v
+    return vectors
+
+
+def _record_times(parsed: Sequence[RecordIn]) -> tuple[list[datetime], list[datetime]]:
+    """Each record's created and last-accessed times in UTC (now, and its creation, when not given); 3007
+    when it was accessed before it was created."""
+    now = datetime.now(UTC)
+    created_at = [_utc(r.created_at) or now for r in parsed]
+    accessed = [_utc(r.last_accessed_at) or c for r, c in zip(parsed, created_at, strict=True)]
+    for i, (c, a) in enumerate(zip(created_at, accessed, strict=True)):
+        if a < c:
+            raise InvalidParamValue(
+                "last_accessed_at is before created_at", path=f"records[{i}].last_accessed_at"
+            )
+    return created_at, accessed
+
+
+def _check_ids_free(conn: psycopg.Connection[Any], store: Store, ids: list[str]) -> None:
+    """1409 when the store already has a record under one of `ids` (run under the store's lock)."""
+    taken = conn.execute(
+        sql.SQL("select doc_id from {} where doc_id = any(%s)").format(store.table("records")), (ids,)
+    ).fetchone()
+    if taken is not None:
+        raise Conflict(
+            f"memory store {store.name!r} already has a record {taken[0]!r}",
+            path=f"records[{ids.index(taken[0])}].id",
+            hint="delete it first, or write under another id",
+        )
 
 
 def _insert_records(
@@ -555,130 +566,6 @@ def write_relations(
     return [results[i] for i in range(len(parsed))]
 
 
-_FACTS = """
-select r.id, s.name as subject, r.predicate, o.name as object, r.valid_from, r.invalid_from,
-       r.invalid_from is null as current, r.record_id
-from {rel} r join {ent} s on s.id = r.subject join {ent} o on o.id = r.object
-where {where} and (r.invalid_from is null or %(history)s)
-order by r.valid_from desc, r.id
-limit 1000
-"""
-
-
-def _facts(conn: psycopg.Connection[Any], store: Store, where: str, params: dict[str, Any]) -> list[Fact]:
-    query = sql.SQL(_FACTS).format(
-        rel=store.table("relations"), ent=store.table("entities"), where=sql.SQL(where)
-    )
-    with conn.cursor(row_factory=dict_row) as cur:
-        return [Fact.model_validate(row) for row in cur.execute(query, params).fetchall()]
-
-
-def get_record(
-    conn: psycopg.Connection[Any],
-    store: str,
-    record_id: str,
-    *,
-    principal: Principal | None = None,
-    variables: Mapping[str, Any] | None = None,
-    touch: bool = True,
-) -> MemoryRecord:
-    """Record `record_id` of the caller's store, read through the one scoped reader (agentdb.read) under the
-    caller's role, with the entities it mentions and the relations it asserted (history too); reading it
-    updates its last-accessed time. 3010 when there is no such record (or store)."""
-    from agentdb.reader import read
-
-    allowed(principal)
-    name = resolve_store_name(store, variables)
-    target = get_store(conn, name, principal=principal)
-    with conn.transaction(), read_scope(conn, principal):
-        if touch:
-            lock(conn, target)
-        rows = read(conn, target.source.name, [record_id])
-        if not rows:
-            raise StorageFileNotFound(f"memory store {name!r} has no record {record_id!r}", path="id")
-        touched = sql.SQL(
-            "update {} set last_accessed_at = greatest(last_accessed_at, now()) where doc_id = %s"
-            " returning importance, created_at, last_accessed_at, superseded_at"
-            if touch
-            else "select importance, created_at, last_accessed_at, superseded_at from {} where doc_id = %s"
-        ).format(target.table("records"))
-        with conn.cursor(row_factory=dict_row) as cur:
-            extra = cur.execute(touched, (record_id,)).fetchone()
-        if extra is None:
-            raise StorageFileNotFound(f"memory store {name!r} has no record {record_id!r}", path="id")
-        entities = [
-            r[0]
-            for r in conn.execute(
-                sql.SQL(
-                    "select e.name from {} m join {} e on e.id = m.entity_id where m.record_id = %s order by e.name"
-                ).format(target.table("mentions"), target.table("entities")),
-                (record_id,),
-            ).fetchall()
-        ]
-        facts = _facts(conn, target, "r.record_id = %(id)s", {"id": record_id, "history": True})
-    return MemoryRecord(
-        id=rows[0].doc_id,
-        text=rows[0].text or "",
-        metadata=rows[0].metadata,
-        importance=extra["importance"],
-        created_at=extra["created_at"],
-        last_accessed_at=extra["last_accessed_at"],
-        current=extra["superseded_at"] is None,
-        superseded_at=extra["superseded_at"],
-        entities=entities,
-        relations=facts,
-    )
-
-
-def get_entity(
-    conn: psycopg.Connection[Any],
-    store: str,
-    entity: str,
-    *,
-    principal: Principal | None = None,
-    variables: Mapping[str, Any] | None = None,
-    include_history: bool = False,
-) -> EntityOut:
-    """Entity `entity` (its name, matched exactly up to case) with the relations around it in both directions
-    and the records that mention it; 3010 when there is none."""
-    allowed(principal)
-    name = resolve_store_name(store, variables)
-    target = get_store(conn, name, principal=principal)
-    key = entity_keys(conn, [entity])[entity]
-    with read_scope(conn, principal), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            sql.SQL("select id, name, kind, metadata from {} where key = %s").format(
-                target.table("entities")
-            ),
-            (key,),
-        ).fetchone()
-        if row is None:
-            raise StorageFileNotFound(f"memory store {name!r} has no entity {entity!r}", path="entity")
-        facts = _facts(
-            conn,
-            target,
-            "(r.subject = %(id)s or r.object = %(id)s)",
-            {"id": row["id"], "history": include_history},
-        )
-        records = [
-            r["record_id"]
-            for r in cur.execute(
-                sql.SQL("select record_id from {} where entity_id = %s order by record_id limit 1000").format(
-                    target.table("mentions")
-                ),
-                (row["id"],),
-            ).fetchall()
-        ]
-    return EntityOut(
-        id=row["id"],
-        name=row["name"],
-        kind=row["kind"],
-        metadata=row["metadata"] or {},
-        relations=facts,
-        records=records,
-    )
-
-
 def delete_record(
     conn: psycopg.Connection[Any],
     store: str,
@@ -705,8 +592,6 @@ def delete_record(
 __all__ = [
     "coerce_metadata",
     "delete_record",
-    "get_entity",
-    "get_record",
     "parse_items",
     "write_entities",
     "write_records",
