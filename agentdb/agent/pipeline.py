@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -213,6 +213,136 @@ def _navigation(
     return result
 
 
+@dataclass
+class _Tally:
+    """What the steps of one run add up to for its `done` event."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    tool_calls: int = 0
+    status: str = "completed"
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _query_step(
+    conn: psycopg.Connection[Any],
+    i: int,
+    request: RetrievalRequest,
+    principal: Principal | None,
+    plan: Plan,
+    embedder_for: Callable[[str], Embedder],
+    tally: _Tally,
+) -> Generator[Event, None, QueryOutcome]:
+    """Query `i` (with its deepening rounds) as step events; the outcome for navigation and the merge."""
+    spec, fields, target = plan.queries[i], plan.projections[i], plan.targets[i]
+    step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
+    yield "step_started", {**step, "status": "running", "details": target}
+    started = time.perf_counter()
+    outcome = run_query(conn, i, request.query, spec, fields, principal, plan, embedder_for)
+    for round_step in outcome.steps:
+        tally.steps.append(round_step)
+        yield "step_completed", round_step
+    tally.tool_calls += outcome.tool_calls
+    parameters = outcome.result.diagnostics.get("parameters", {})
+    done_step = {
+        **step,
+        "duration_ms": _elapsed_ms(started),
+        "details": {
+            **target,
+            "retrieval_mode": outcome.mode,
+            "route": "found" if outcome.hits else "not_found",
+            "result_count": len(outcome.hits),
+            # dense candidates beyond `threshold`, which the funnel dropped before fusion
+            "dropped_by_threshold": int(parameters.get("filtered_count", 0)),
+            "expand_window": plan.expand_window,
+        },
+    }
+    tally.steps.append(done_step)
+    tally.notices.extend(query_notices(i, spec, outcome.mode, parameters))
+    tally.diagnostics.append({"query_index": i, **target, **outcome.result.diagnostics})
+    yield "step_completed", done_step
+    return outcome
+
+
+def _navigation_step(
+    conn: psycopg.Connection[Any],
+    request: RetrievalRequest,
+    principal: Principal | None,
+    plan: Plan,
+    outcome: QueryOutcome,
+    fields: list[str] | None,
+    target: dict[str, Any],
+    embedder_for: Callable[[str], Embedder],
+    tally: _Tally,
+) -> Generator[Event, None, list[Hit]]:
+    """The navigation step over `outcome`'s hits as step events; the hits it read."""
+    assert plan.navigation is not None
+    kind = f"{plan.navigation.strategy}_navigation"
+    nav_step = {"id": "navigation", "kind": "navigation", "name": kind, "status": "completed"}
+    yield "step_started", {**nav_step, "status": "running", "details": target}
+    walked = yield from _navigation(conn, request, principal, plan, outcome, fields, embedder_for)
+    tally.steps.extend(walked.steps)
+    tally.tool_calls += walked.tool_calls
+    if walked.status != "completed":
+        tally.status = walked.status
+    nav_done = {
+        **nav_step,
+        "duration_ms": walked.details["duration_ms"],
+        "details": {**walked.details, **target, "status": walked.status},
+    }
+    tally.steps.append(nav_done)
+    yield "step_completed", nav_done
+    return walked.hits
+
+
+def _memory_step(
+    conn: psycopg.Connection[Any],
+    memory: MemoryOptions,
+    query: str,
+    principal: Principal | None,
+    embedder_for: Callable[[str], Embedder],
+    tally: _Tally,
+) -> Generator[Event, None, dict[str, str]]:
+    """The memory recall step as step events; the assembled blocks for the generation step."""
+    memory_step = {"id": "memory_recall", "kind": "memory", "name": "memory_recall", "status": "completed"}
+    yield "step_started", {**memory_step, "status": "running", "details": {"stores": memory.stores}}
+    started = time.perf_counter()
+    details, blocks = _memory(conn, memory, query, principal, embedder_for)
+    memory_done = {**memory_step, "duration_ms": _elapsed_ms(started), "details": details}
+    tally.steps.append(memory_done)
+    yield "step_completed", memory_done
+    return blocks
+
+
+def _generation_step(
+    plan: Plan,
+    request: RetrievalRequest,
+    merged: list[Hit],
+    memory_blocks: dict[str, str] | None,
+    tally: _Tally,
+) -> Generator[Event, None, dict[str, Any]]:
+    """The generation step (its text deltas when streaming) and the `generation` event; the answer's JSON."""
+    started = time.perf_counter()
+    answer = yield from _generation(plan, request.query, merged, request.stream, memory_blocks)
+    generation_step = {
+        "id": "generation",
+        "kind": "generation",
+        "name": "generation",
+        "status": "completed",
+        "duration_ms": _elapsed_ms(started),
+        "details": {"model": answer.model, "citations": answer.citations},
+    }
+    tally.steps.append(generation_step)
+    yield "step_completed", generation_step
+    generation = answer.to_dict()
+    yield "generation", generation
+    return generation
+
+
 def run(
     conn: psycopg.Connection[Any],
     request: RetrievalRequest,
@@ -226,80 +356,28 @@ def run(
     `hit` each, the `generation` events when asked, then `done`. Validation errors are raised before the
     first event (pass a `plan` from `validate` to skip validating twice)."""
     plan = plan or validate(conn, request, principal, settings)
-    steps: list[dict[str, Any]] = []
+    tally = _Tally()
     hit_lists: list[list[Hit]] = []
-    diagnostics: list[dict[str, Any]] = []
-    tool_calls = 0
-    status = "completed"
-    notices: list[str] = []
-    for i, (spec, fields) in enumerate(zip(plan.queries, plan.projections, strict=True)):
-        step = {"id": f"retrieval_{i}", "kind": "retrieval", "name": f"query_{i}", "status": "completed"}
-        target = plan.targets[i]
-        yield "step_started", {**step, "status": "running", "details": target}
-        started = time.perf_counter()
-        outcome = run_query(conn, i, request.query, spec, fields, principal, plan, embedder_for)
-        for round_step in outcome.steps:
-            steps.append(round_step)
-            yield "step_completed", round_step
-        tool_calls += outcome.tool_calls
-        done_step = {
-            **step,
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "details": {
-                **target,
-                "retrieval_mode": outcome.mode,
-                "route": "found" if outcome.hits else "not_found",
-                "result_count": len(outcome.hits),
-                # dense candidates beyond `threshold`, which the funnel dropped before fusion
-                "dropped_by_threshold": int(
-                    outcome.result.diagnostics.get("parameters", {}).get("filtered_count", 0)
-                ),
-                "expand_window": plan.expand_window,
-            },
-        }
-        steps.append(done_step)
-        notices.extend(query_notices(i, spec, outcome.mode, outcome.result.diagnostics.get("parameters", {})))
-        diagnostics.append({"query_index": i, **target, **outcome.result.diagnostics})
-        yield "step_completed", done_step
+    for i in range(len(plan.queries)):
+        outcome = yield from _query_step(conn, i, request, principal, plan, embedder_for, tally)
         if plan.navigation is not None and plan.navigation.query_index == i:
-            kind = f"{plan.navigation.strategy}_navigation"
-            nav_step = {"id": "navigation", "kind": "navigation", "name": kind, "status": "completed"}
-            yield "step_started", {**nav_step, "status": "running", "details": target}
-            walked = yield from _navigation(conn, request, principal, plan, outcome, fields, embedder_for)
-            steps.extend(walked.steps)
-            tool_calls += walked.tool_calls
-            if walked.status != "completed":
-                status = walked.status
-            nav_done = {
-                **nav_step,
-                "duration_ms": walked.details["duration_ms"],
-                "details": {**walked.details, **target, "status": walked.status},
-            }
-            steps.append(nav_done)
-            yield "step_completed", nav_done
-            outcome.hits = walked.hits
+            outcome.hits = yield from _navigation_step(
+                conn,
+                request,
+                principal,
+                plan,
+                outcome,
+                plan.projections[i],
+                plan.targets[i],
+                embedder_for,
+                tally,
+            )
         hit_lists.append(outcome.hits)
     memory_blocks = None
     if request.memory is not None:
-        memory_step = {
-            "id": "memory_recall",
-            "kind": "memory",
-            "name": "memory_recall",
-            "status": "completed",
-        }
-        yield (
-            "step_started",
-            {**memory_step, "status": "running", "details": {"stores": request.memory.stores}},
+        memory_blocks = yield from _memory_step(
+            conn, request.memory, request.query, principal, embedder_for, tally
         )
-        started = time.perf_counter()
-        details, memory_blocks = _memory(conn, request.memory, request.query, principal, embedder_for)
-        memory_done = {
-            **memory_step,
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "details": details,
-        }
-        steps.append(memory_done)
-        yield "step_completed", memory_done
     merged = merge(hit_lists, max(q.limit for q in request.queries))
     # A memory store's hits name the store, as the query did, not the internal table of its records.
     stores = {
@@ -309,32 +387,19 @@ def run(
         yield "hit", replace(hit, table=stores[hit.table]) if hit.table in stores else hit
     generation = None
     if plan.generation is not None:
-        started = time.perf_counter()
-        answer = yield from _generation(plan, request.query, merged, request.stream, memory_blocks)
-        generation_step = {
-            "id": "generation",
-            "kind": "generation",
-            "name": "generation",
-            "status": "completed",
-            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "details": {"model": answer.model, "citations": answer.citations},
-        }
-        steps.append(generation_step)
-        yield "step_completed", generation_step
-        generation = answer.to_dict()
-        yield "generation", generation
+        generation = yield from _generation_step(plan, request, merged, memory_blocks, tally)
     usage = plan.usage().to_dict()
     yield (
         "done",
         {
-            "status": status,
+            "status": tally.status,
             "route": "found" if merged else "not_found",
-            "steps": steps,
+            "steps": tally.steps,
             "usage": {k: usage[k] for k in ("input_tokens", "output_tokens", "llm_calls")},
-            "tool_calls_made": tool_calls,
+            "tool_calls_made": tally.tool_calls,
             "generation": generation,
-            "notices": notices,
-            "debug_info": {"queries": diagnostics} if request.diagnostics else None,
+            "notices": tally.notices,
+            "debug_info": {"queries": tally.diagnostics} if request.diagnostics else None,
         },
     )
 
