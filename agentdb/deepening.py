@@ -213,6 +213,31 @@ def judge(
     return Judgement(None, trials, tool_calls, usage, problem)
 
 
+def _add_to_pool(pool: list[Hit], keys: set[tuple[str, int]], hits: Sequence[Hit], max_chunks: int) -> int:
+    """Add the hits not in the pool yet, while it has room; how many were added."""
+    added = 0
+    for hit in hits:
+        key = hit_key(hit)
+        if key in keys or len(pool) >= max_chunks:
+            continue
+        keys.add(key)
+        pool.append(hit)
+        added += 1
+    return added
+
+
+def _next_top_k(wanted: int, pool_size: int, max_chunks: int, notes: list[str]) -> int:
+    """The next round's top_k for a judge that asked for `wanted`: clamped to `max_chunks`, and raised to one
+    above the pool when it could add nothing (the progress guarantee); each adjustment noted."""
+    next_k = min(wanted, max_chunks)
+    if next_k < wanted:
+        notes.append(f"top_k {wanted} clamped to max_chunks {max_chunks}")
+    if next_k <= pool_size:
+        notes.append(f"top_k {next_k} cannot add to a pool of {pool_size}: raised to {pool_size + 1}")
+        next_k = pool_size + 1
+    return next_k
+
+
 def deepen(
     retrieve_round: Callable[[int], Sequence[Hit]],
     judge_model: Model,
@@ -249,14 +274,7 @@ def deepen(
         if cancel is not None and cancel.is_set():
             raise InferenceFailed("deepening was cancelled")
         hits = list(retrieve_round(k))
-        added = 0
-        for hit in hits:
-            key = hit_key(hit)
-            if key in keys or len(pool) >= max_chunks:
-                continue
-            keys.add(key)
-            pool.append(hit)
-            added += 1
+        added = _add_to_pool(pool, keys, hits, max_chunks)
         summary: dict[str, Any] = {
             "round": number,
             "requested_top_k": k,
@@ -300,16 +318,9 @@ def deepen(
             elif verdict["sufficient"]:
                 stopped = "sufficient"
             else:
-                wanted = verdict["top_k"]
-                next_k = min(wanted, max_chunks)
-                if next_k < wanted:
-                    summary["notes"].append(f"top_k {wanted} clamped to max_chunks {max_chunks}")
-                if next_k <= len(pool):
-                    summary["notes"].append(
-                        f"top_k {next_k} cannot add to a pool of {len(pool)}: raised to {len(pool) + 1}"
-                    )
-                    next_k = len(pool) + 1
-                summary["next_top_k"] = k = next_k
+                summary["next_top_k"] = k = _next_top_k(
+                    verdict["top_k"], len(pool), max_chunks, summary["notes"]
+                )
         rounds.append(RoundSummary(**summary))
         if on_round is not None:
             on_round(rounds[-1])
