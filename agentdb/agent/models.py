@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,14 @@ class FullTextSearch(BaseModel):
 
     match: str = Field(max_length=MAX_QUERY_CHARS)
     field: str | None = None
+
+
+class Legs(NamedTuple):
+    """How a query runs: its mode and the texts of its lexical and dense legs."""
+
+    mode: Mode
+    lexical_text: str
+    dense_text: str
 
 
 class QuerySpec(BaseModel):
@@ -64,6 +72,25 @@ class QuerySpec(BaseModel):
         if isinstance(value, str) and len(value) > MAX_QUERY_CHARS:
             raise ValueError(f"String should have at most {MAX_QUERY_CHARS} characters")
         return value
+
+    def legs(self, query: str) -> Legs:
+        """The mode (given, or inferred from the legs supplied) and the texts of the lexical and dense legs;
+        `query`, the request's own text, stands in for a leg that is not given."""
+        full_text = (
+            self.full_text_search.match
+            if isinstance(self.full_text_search, FullTextSearch)
+            else self.full_text_search
+        )
+        mode: Mode = self.retrieval_mode or (
+            "hybrid"
+            if (self.semantic_search and full_text) or not (self.semantic_search or full_text)
+            else "dense"
+            if self.semantic_search
+            else "lexical"
+        )
+        return Legs(
+            mode, full_text or self.semantic_search or query, self.semantic_search or full_text or query
+        )
 
 
 class RetrievalOptions(BaseModel):

@@ -15,7 +15,7 @@ import psycopg
 from agentdb.agent.merge import merge
 from agentdb.agent.models import AgentHit, MemoryOptions, QuerySpec, RetrievalRequest, RetrievalResponse
 from agentdb.agent.navigate import Scope
-from agentdb.agent.query import QueryOutcome, legs, run_query
+from agentdb.agent.query import QueryOutcome, run_query
 from agentdb.agent.stream import stream_call
 from agentdb.agent.validate import Plan, validate
 from agentdb.agent.walk import WalkOutcome, walk
@@ -25,7 +25,6 @@ from agentdb.embed import Embedder, load_embedder
 from agentdb.generation import GenerationResult, generate
 from agentdb.memory import RecallResult, assemble, get_store, recall
 from agentdb.retrieval import Hit
-from agentdb.sources import get_source
 from navigation import Lookup
 
 # (kind, payload): step_started / step_progress / step_completed (a step dict), hit (a Hit), generation (a
@@ -167,7 +166,7 @@ def _navigation(
     options = plan.navigation
     assert options is not None
     spec = plan.queries[options.query_index]
-    mode, lexical_text, _ = legs(spec, request.query)
+    mode, lexical_text, _ = plan.legs[options.query_index]
     scope = Scope(
         conn,
         spec.table,
@@ -177,7 +176,7 @@ def _navigation(
         row_filter=plan.row_filters[options.query_index],
         fields=fields,
     )
-    embedder = embedder_for(get_source(conn, spec.table).embedding_model)
+    embedder = embedder_for(plan.sources[options.query_index].embedding_model)
     lookups = (
         [] if request.memory is None else [_memory_lookup(conn, request.memory, principal, embedder_for)]
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from agentdb.agent.models import FullTextSearch, QuerySpec
+from agentdb.agent.models import QuerySpec
 from agentdb.agent.scope import in_query
 from agentdb.agent.validate import Plan
 from agentdb.auth import Principal, read_scope
@@ -18,7 +18,6 @@ from agentdb.deepening import RoundSummary, deepen
 from agentdb.embed import Embedder
 from agentdb.expansion import expand
 from agentdb.retrieval import Hit, Mode, Result, retrieve
-from agentdb.sources import get_source
 
 
 @dataclass
@@ -34,25 +33,6 @@ class QueryOutcome:
     embedding: Any = None  # the dense leg's query vector (None in lexical mode), for navigation to reuse
 
 
-def legs(spec: QuerySpec, query: str) -> tuple[Mode, str, str]:
-    """The mode (given, or inferred from the legs supplied) and the texts of the lexical and dense legs."""
-    full_text = (
-        spec.full_text_search.match
-        if isinstance(spec.full_text_search, FullTextSearch)
-        else spec.full_text_search
-    )
-    mode: Mode = spec.retrieval_mode or (
-        "hybrid"
-        if (spec.semantic_search and full_text) or not (spec.semantic_search or full_text)
-        else "dense"
-        if spec.semantic_search
-        else "lexical"
-    )
-    lexical_text = full_text or spec.semantic_search or query
-    dense_text = spec.semantic_search or full_text or query
-    return mode, lexical_text, dense_text
-
-
 def run_query(
     conn: psycopg.Connection[Any],
     index: int,
@@ -64,10 +44,10 @@ def run_query(
     embedder_for: Callable[[str], Embedder],
 ) -> QueryOutcome:
     """Query `index` of a request whose user text is `query`, read with projection `fields`."""
-    mode, lexical_text, dense_text = legs(spec, query)
+    mode, lexical_text, dense_text = plan.legs[index]
     embedding = None
     if mode != "lexical" and dense_text.strip():
-        embedding = embedder_for(get_source(conn, spec.table).embedding_model).embed([dense_text])[0]
+        embedding = embedder_for(plan.sources[index].embedding_model).embed([dense_text])[0]
     row_filter = plan.row_filters[index]
     results: dict[int, Result] = {}
 
@@ -150,4 +130,4 @@ def run_query(
     return outcome
 
 
-__all__ = ["QueryOutcome", "legs", "run_query"]
+__all__ = ["QueryOutcome", "run_query"]

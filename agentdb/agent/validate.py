@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from agentdb.agent.models import FullTextSearch, QuerySpec, RetrievalOptions, RetrievalRequest
+from agentdb.agent.models import FullTextSearch, Legs, QuerySpec, RetrievalOptions, RetrievalRequest
 from agentdb.agent.navigate import NavigationOptions
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
 from agentdb.config import Settings
@@ -34,6 +34,9 @@ class Plan:
     # Per query, what the client named: {"table": source} or {"store": the memory store's name}; hits and
     # steps show these, never the internal table of a store's records.
     targets: list[dict[str, str]] = field(default_factory=list)
+    # Per query, its source as the catalog had it at validation (read once per request) and its legs.
+    sources: list[Source] = field(default_factory=list)
+    legs: list[Legs] = field(default_factory=list)
     expand_window: int = 1
     diagnostics: bool = False  # the request shows each query's diagnostics, output.results included
     deepening: DeepeningOptions | None = None
@@ -183,6 +186,8 @@ def validate(
                 # from retrieval itself (with the same path), so only a stream compiles the filter twice.
                 validate_filter(conn, source, getattr(spec, name), where)
         plan.queries.append(spec.model_copy(update={"table": source.name}) if own_store else spec)
+        plan.sources.append(source)
+        plan.legs.append(spec.legs(request.query))
         plan.row_filters.append(principal.row_filter if principal is not None and not own_store else None)
         navigation = plan.navigation
         if navigation is not None and navigation.query_index == i:
