@@ -388,7 +388,7 @@ def test_a_key_newer_than_the_replicas_is_served_by_the_primary(
             row_filter = {"op": "eq", "lhs": {"knowledge": "team"}, "rhs": {"value": "red"}}
             with (
                 _new_principal(cluster, row_filter=row_filter) as (key, _),
-                caplog.at_level(logging.INFO, logger="agentdb.api.deps"),
+                caplog.at_level(logging.INFO, logger="agentdb.api.routing"),
             ):
                 response = client.post(
                     "/agents/retrieval", json=search(), headers={"Authorization": f"Bearer {key}"}
@@ -468,7 +468,7 @@ def test_memory_recall_reads_on_a_replica_only_when_it_touches_nothing(
     )
     assert run.status_code == 200 and run.json()["hits"][0]["_id"] == written.ids[0], run.text
     assert run.headers["X-Agentdb-Served-By"].startswith("replica")
-    with caplog.at_level(logging.INFO, logger="agentdb.api.deps"):
+    with caplog.at_level(logging.INFO, logger="agentdb.api.routing"):
         recalled = client.post(
             "/agents/retrieval", json=search() | {"memory": {"stores": ["notes"]}}, headers=fresh
         )
@@ -724,12 +724,12 @@ def _a_read_held_on_a_replica(
 ) -> Iterator[HeldRead]:
     """The set-up shared by the tests that crash replicas under a read. In the block the test stops replicas
     and ends `held.primary`'s transaction; leaving it waits for the read (60 s at most), releases the lock and
-    puts the read's answer in `held.response`. agentdb.api.deps' messages (the retries) are captured meanwhile."""
+    puts the read's answer in `held.response`. agentdb.api.routing's messages (the retries) are captured meanwhile."""
     expected = _hits(
         client.post("/agents/retrieval", json=search(), headers={"X-Agentdb-Consistency": "primary"})
     )
     standbys = {s.number: s for s in list_standbys(cluster.data_dir)}
-    with caplog.at_level(logging.INFO, logger="agentdb.api.deps"), _ops_locked(cluster) as primary:
+    with caplog.at_level(logging.INFO, logger="agentdb.api.routing"), _ops_locked(cluster) as primary:
         thread, result = _in_background(lambda: client.post("/agents/retrieval", json=search()))
         victim = _until("a read waiting on a replica", lambda: _blocked_on(cluster))
         held = HeldRead(expected, standbys, primary, victim)

@@ -135,7 +135,7 @@ class RetrievalRequest(BaseModel):
     steps: Steps | None = None
     memory: MemoryOptions | None = None
     # Read-your-writes, as the X-Agentdb-Min-LSN and X-Agentdb-Consistency headers (the stricter wins); the
-    # server reads them before it validates the rest (agentdb.api.deps.read_wish), as they choose the server.
+    # server reads them before it validates the rest (agentdb.api.routing.read_wish), as they choose the server.
     min_lsn: str | None = Field(
         None,
         max_length=40,

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 
 from agentdb import saved_agents
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalResponse
-from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
+from agentdb.api.access import principal, read_principal
+from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal
 
 router = APIRouter(tags=["agents"], route_class=DatabaseRoute)
@@ -21,7 +22,7 @@ class RunRequest(BaseModel):
     diagnostics: bool = False
     # The run's variables, for an agent whose memory store name uses them (`user_{var.user_id}`).
     vars: dict[str, str | int] | None = None
-    # Read-your-writes, as in POST /agents/retrieval (agentdb.api.deps.read_wish reads them).
+    # Read-your-writes, as in POST /agents/retrieval (agentdb.api.routing.read_wish reads them).
     min_lsn: str | None = Field(None, max_length=40, description="as in POST /agents/retrieval")
     consistency: Literal["any", "primary"] | None = Field(None, description="as in POST /agents/retrieval")
 

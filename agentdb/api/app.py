@@ -22,17 +22,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentdb import __version__
 from agentdb.api import agents, docs, documents, indexes, memory, playground, retrieval
-from agentdb.api.deps import (
-    DatabaseRoute,
-    admit_body,
-    connection,
-    guard_open_access,
-    open_access_allowed,
-    principal,
-    principal_slots,
-    routing_headers,
-)
+from agentdb.api.access import admit_body, guard_open_access, open_access_allowed, principal
 from agentdb.api.guard import RequestGuard, json_path, refuse
+from agentdb.api.routing import DatabaseRoute, connection, principal_slots, routing_headers
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
 from agentdb.config import Settings
 from agentdb.db import resolve_url

@@ -14,7 +14,8 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
+from agentdb.api.access import principal, read_principal
+from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch

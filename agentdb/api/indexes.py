@@ -20,7 +20,8 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.api.deps import DatabaseRoute, connection, principal, read_connection, read_principal
+from agentdb.api.access import principal, read_principal
+from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal, check_table, check_tool, read_scope
 from agentdb.errors import Forbidden, InvalidParamValue
 from agentdb.indexes import (

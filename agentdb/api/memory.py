@@ -21,17 +21,9 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from agentdb.api.deps import (
-    BEARER,
-    DatabaseRoute,
-    ReadWish,
-    connection,
-    principal,
-    read_wish,
-    request_connection,
-    request_principal,
-)
+from agentdb.api.access import BEARER, principal, request_principal
 from agentdb.api.guard import parse_json
+from agentdb.api.routing import DatabaseRoute, ReadWish, connection, read_wish, request_connection
 from agentdb.auth import Principal, check_tool
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, parse_params

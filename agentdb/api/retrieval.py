@@ -14,7 +14,8 @@ from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 
 from agentdb import agent
-from agentdb.api.deps import DatabaseRoute, read_pool, request_scope, require_primary
+from agentdb.api.access import request_scope
+from agentdb.api.routing import DatabaseRoute, read_pool, require_primary
 from agentdb.auth import Principal
 from agentdb.config import Settings
 from agentdb.errors import AgentDBError, InternalError

@@ -20,7 +20,7 @@ MIN_POSTGRES = 150000
 # A connection handed out again within this many seconds of its last probe is not probed again: the probe is a
 # round trip, which on a busy server costs as much as the rest of a short request. One that broke meanwhile
 # (a server restart in that second) fails its first statement instead; the HTTP API retries that request's
-# first statement on another connection (agentdb.api.deps), the background embedder on its next round.
+# first statement on another connection (agentdb.api.routing), the background embedder on its next round.
 RECHECK_AFTER_S = 1.0
 _probed: WeakKeyDictionary[psycopg.Connection[Any], float] = WeakKeyDictionary()
 

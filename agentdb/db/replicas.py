@@ -151,7 +151,7 @@ class ReadRouter:
         self._primary: psycopg.Connection[Any] | None = None
         self._primary_url = primary_url  # where `_primary` is connected
         # Whether the last check reached the primary: while it does not, a read on a replica is authenticated
-        # there instead of waiting on the primary at every request (agentdb.api.deps).
+        # there instead of waiting on the primary at every request (agentdb.api.routing).
         self.primary_reachable = True
         self._turn = itertools.count()
         self._lock = threading.Lock()
