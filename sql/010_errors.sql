@@ -1,17 +1,3 @@
--- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
--- would leave an older overload behind and make calls ambiguous.
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace and p.proname = 'raise_error'
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- Raise an agentdb error: SQLSTATE ADB00 with {"code", "name", "path"} as JSON detail, so every door
 -- (SQL, Python, HTTP) reports the same code, name, message and path.
 create or replace function agentdb.raise_error(

@@ -2,19 +2,6 @@
 -- over the same postings the plain SQL path reads, with the weights and statistics the SQL side passes it;
 -- these wrappers choose the path and apply the query's filters. Both paths return the same chunks and scores.
 
--- Re-applied on every migrate: drop earlier signatures first (see sql/040_retrieve.sql).
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb_internal'::regnamespace and p.proname in ('lexical_path', 'bm25_accel')
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- Create the extension where the server offers it (agentdb/db/accel.py builds and configures it for the
 -- embedded server). A server that offers it but cannot load it, or a role that may not create it, keeps the
 -- plain SQL path: the warning says why, and the migration goes on.

@@ -32,21 +32,6 @@
 -- paths run no query per node where an operator will do. bench/filter_compile.py times the largest
 -- filters these limits allow.
 
--- Re-applied on every migrate: drop the compiler and its helpers first (in agentdb too, where they lived
--- before agentdb_internal), or `create or replace` with new parameters would leave an older overload behind.
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
-               and (p.proname like 'filter\_%' or p.proname = 'compile_filter')
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- Raise 3007 InvalidParamValue with the message `filter.<kind>: at <path>: <detail>`; the error's path is
 -- the caller's prefix joined to the path inside the filter (`$` and the bare prefix at the root).
 create or replace function agentdb_internal.filter_fail(ctx jsonb, kind text, path text, detail text, hint text default null)

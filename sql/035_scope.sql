@@ -3,21 +3,6 @@
 -- projection), and agentdb.read, the one reader by key that expansion, document fetch, navigation and
 -- memory use. agentdb.retrieve applies the same predicate and projection through the same helpers.
 
--- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
--- would leave an older overload behind and make calls ambiguous.
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
-               and p.proname in ('read', 'scope_predicate', 'check_projection', 'project_metadata')
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- Raise 3007 at `fields[i]` unless every name in the projection `fields` is one of the source's fields,
 -- `title` or `text` (null = every field).
 create or replace function agentdb.check_projection(src agentdb.sources, fields text[]) returns void

@@ -45,27 +45,6 @@
 -- and the policy belong to the table itself; the chunks function refers to it only in its body text and is
 -- rewritten when a source is released.
 
--- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
--- would leave an older overload behind and make calls ambiguous (not the trigger function, which the
--- triggers on agentdb.sources hold and which takes no arguments).
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace = 'agentdb'::regnamespace and p.prorettype <> 'trigger'::regtype
-               and p.proname = any (array['principal_role', 'principal_object', 'principal_params_function',
-                   'principal_policy_sql', 'principal_chunks_function', 'current_principal', 'metadata_projection',
-                   'principal_columns', 'source_relation', 'principal_row_filter_applies', 'principal_term_stats',
-                   'principal_install_postings', 'principal_install', 'principal_grant', 'principal_release_table',
-                   'principal_revoke', 'principal_reinstall', 'principal_uninstall', 'principal_foreign_policies',
-                   'principal_field_granted'])
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- The role of principal `principal_id` in this database. Roles are shared by the whole cluster while
 -- principals belong to one database, so the database oid keeps two agentdb databases apart.
 create or replace function agentdb.principal_role(principal_id int) returns name

@@ -24,26 +24,8 @@
 -- edge's child, any other edge's origin) is one of its rows, and an end it cannot read is treated exactly as
 -- an end that names no document.
 
--- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
--- would leave an older overload behind and make calls ambiguous. The helpers that take or return SQL text,
--- and the SECURITY DEFINER edge reader, live in agentdb_internal (not executable by PUBLIC).
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where p.pronamespace in ('agentdb'::regnamespace, 'agentdb_internal'::regnamespace)
-               and p.proname in ('index_value_keys', 'index_row_sql', 'index_edges_sql', 'index_add_sql',
-                                 'index_remove_sql', 'index_sync_sql', 'index_source', 'index_get', 'index_create',
-                                 'index_drop', 'index_list', 'index_add_edges', 'index_check', 'index_rebuild',
-                                 'index_edges', 'index_root_keys', 'index_roots', 'neighbors',
-                                 'index_reader_rows')
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
+-- The helpers that take or return SQL text, and the SECURITY DEFINER edge reader, live in agentdb_internal
+-- (not executable by PUBLIC).
 -- The document keys a field value names: a string or a number (as text); with `many`, also each string or
 -- number element of an array. Empty strings, JSON null and other JSON types name nothing.
 create or replace function agentdb_internal.index_value_keys(v jsonb, many boolean) returns setof text

@@ -22,21 +22,6 @@
 --     others by relevance + 0.2 x the relevance of the most relevant of those 3 that links to them in
 --     `links_index` (ties: visit order), at most `top_k`; `score` is what each is ranked by.
 
--- Re-applied on every migrate: drop earlier signatures first, or `create or replace` with new parameters
--- would leave an older overload behind and make calls ambiguous.
-do $$
-declare
-    f regprocedure;
-begin
-    for f in select p.oid::regprocedure from pg_proc p
-             where (p.pronamespace = 'agentdb'::regnamespace and p.proname = 'tree_walk')
-                or (p.pronamespace = 'agentdb_internal'::regnamespace and p.proname = 'tree_walk_relevance')
-    loop
-        execute format('drop function %s', f);
-    end loop;
-end;
-$$;
-
 -- A walk's relevance of `keys` (see above): own score + 0.2 x the page's own score + the seed prior; keys the
 -- caller may not read return no row.
 create or replace function agentdb_internal.tree_walk_relevance(

@@ -134,6 +134,28 @@ def test_current_functions_are_not_recreated_under_running_readers(db_url: str) 
         assert conn.execute("select digest from agentdb.schema_functions").fetchone() == (functions_digest(),)
 
 
+def test_a_reinstall_drops_stale_overloads_and_replaces_what_is_held(db_url: str) -> None:
+    """Re-installing sql/ drops every other signature of the functions it defines (an overload left from an
+    earlier agentdb would make calls ambiguous), while a function that something holds (here a view) is only
+    replaced, so what holds it keeps working."""
+    signatures = (
+        "select array_agg(p.oid::regprocedure::text order by 1) from pg_proc p"
+        " where p.pronamespace = 'agentdb'::regnamespace and p.proname = %s"
+    )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        (current,) = conn.execute(signatures, ("expand",)).fetchone()
+        conn.execute("create function agentdb.expand(stale int) returns int language sql as 'select 1'")
+        conn.execute("create view public.holds_overlap as select agentdb.chunk_overlap('abc', 'bcd') as n")
+        held = conn.execute("select 'agentdb.chunk_overlap'::regproc::oid").fetchone()
+        conn.execute("update agentdb.schema_functions set digest = 'an older agentdb'")
+        migrate(conn)
+        assert conn.execute(signatures, ("expand",)).fetchone() == (current,)
+        assert "agentdb.expand(integer)" not in current
+        assert conn.execute("select 'agentdb.chunk_overlap'::regproc::oid").fetchone() == held
+        assert conn.execute("select n from public.holds_overlap").fetchone() == (2,)
+        conn.execute("drop view public.holds_overlap")
+
+
 def test_concurrent_migrators_wait_for_each_other(server_url: str) -> None:
     from psycopg import sql
     from psycopg.conninfo import make_conninfo

@@ -10,6 +10,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from agentdb.db.cluster import citus_version
 from agentdb.db.pool import check_connection
@@ -83,7 +84,9 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         conn.execute("select '[1]'::vector")
         with conn.transaction():
             for path in sql_files(SQL):
-                conn.execute(path.read_text())
+                text = path.read_text()
+                drop_overloads(conn, text)
+                conn.execute(text)
             conn.execute(
                 "insert into agentdb.schema_functions (digest) values (%s)"
                 " on conflict (singleton) do update set digest = excluded.digest, applied_at = now()",
@@ -92,6 +95,32 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+# A stored function that a file of sql/ defines (its schema and name); functions whose names are made at run
+# time (a principal's, through format) are not matched.
+_DEFINES = re.compile(r"create\s+(?:or\s+replace\s+)?function\s+(agentdb(?:_internal)?)\.(\w+)\s*\(", re.I)
+
+
+def drop_overloads(conn: psycopg.Connection[Any], text: str) -> None:
+    """Before a file of sql/ runs, drop every signature of the functions it defines: `create or replace`
+    cannot change a function's parameters or return type, and with new parameters it would leave the older
+    overload behind and make calls ambiguous. A function that something holds (a trigger, a policy, an index
+    or a view: a dependency in pg_depend) is kept and only replaced, as what holds it names its signature."""
+    defined = _DEFINES.findall(text)
+    if not defined:
+        return
+    stale = conn.execute(
+        "select p.oid::regprocedure::text from pg_proc p"
+        " join pg_namespace n on n.oid = p.pronamespace"
+        " join unnest(%s::text[], %s::text[]) d(schema_name, function_name)"
+        "   on d.schema_name = n.nspname and d.function_name = p.proname"
+        " where not exists (select 1 from pg_depend x"
+        "                   where x.refclassid = 'pg_proc'::regclass and x.refobjid = p.oid and x.deptype = 'n')",
+        ([schema for schema, _ in defined], [name for _, name in defined]),
+    ).fetchall()
+    for (signature,) in stale:  # regprocedure's text: the qualified, quoted name and argument types
+        conn.execute(sql.SQL("drop function {}").format(sql.SQL(signature)))
 
 
 def _create_tracking_tables(conn: psycopg.Connection[Any]) -> None:
