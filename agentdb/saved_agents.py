@@ -50,6 +50,7 @@ from agentdb.memory import (
     resolve_store_name,
     template_variables,
 )
+from agentdb.retrieval import RRF_K
 from agentdb.sources import get_source
 
 STRUCTURAL = ("name", "source_kind", "source", "storage", "schema", "input")
@@ -74,7 +75,7 @@ class RetrieveParams(BaseModel):
     top_k: int = Field(2, ge=1, le=1000)
     threshold: float = Field(0.5, ge=0, le=2)
     retrieval_mode: Literal["dense", "lexical", "hybrid"] = "dense"
-    rrf_k: int = Field(60, ge=1, le=1000)
+    rrf_k: int = Field(RRF_K, ge=1, le=1000)
     # The generation step, as in a retrieval request's steps.generation (validated by GenerationStep).
     generation: dict[str, Any] | None = None
     # Navigation over the source's indexes, as a request's steps.retrieval.navigation (its one query is

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentdb.retrieval import Hit
+from agentdb.retrieval import RRF_K, Hit
 
-MERGE_RRF_K = 60
+MERGE_RRF_K = RRF_K
 
 
 def merge(hit_lists: list[list[Hit]], limit: int) -> list[Hit]:

@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from agentdb.llm import GeneratorSpec
-from agentdb.retrieval import Fusion, Hit, Mode
+from agentdb.retrieval import RRF_K, Fusion, Hit, Mode
 
 # Query texts are questions, not documents: longer ones are refused before they reach the database.
 MAX_QUERY_CHARS = 10_000
@@ -60,7 +60,7 @@ class QuerySpec(BaseModel):
     fields: list[str] | None = Field(None, max_length=256)
     limit: int = Field(10, ge=1, le=MAX_LIMIT)
     threshold: float = Field(0.5, ge=0, le=2)
-    rrf_k: int = Field(60, ge=1, le=1000)
+    rrf_k: int = Field(RRF_K, ge=1, le=1000)
     # Hybrid fusion: "rrf" (with rrf_k) or "convex" (alpha x BM25 + (1 - alpha) x cosine similarity, each
     # min-max normalised over its leg's candidates); see agentdb.retrieve in sql/040_retrieve.sql.
     fusion: Fusion = "rrf"

@@ -16,7 +16,7 @@ from agentdb.agent.models import MAX_LIMIT
 from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
-from agentdb.retrieval import Fusion, Hit, Mode, retrieve
+from agentdb.retrieval import RRF_K, Fusion, Hit, Mode, retrieve
 from navigation import (
     Budget,
     ContextScorer,
@@ -191,7 +191,7 @@ def walk(
     embedding: Any,
     fusion: Fusion = "rrf",
     alpha: float = 0.5,
-    rrf_k: int = 60,
+    rrf_k: int = RRF_K,
     threshold: float = 0.5,
     model: Model | None,
     max_iterations: int,

@@ -48,6 +48,7 @@ from agentdb.memory import (
     write_records,
     write_relations,
 )
+from agentdb.memory.models import DECAY, HALF_LIFE_HOURS
 
 router = APIRouter(tags=["memory"], route_class=DatabaseRoute)
 
@@ -286,8 +287,8 @@ def recall_memory(
     query: str = Query("", max_length=10_000),
     top_k: int = 5,
     ranking: Literal["calibrated", "generative_agents"] = "calibrated",
-    half_life_hours: float = 72.0,
-    decay: float = 0.995,
+    half_life_hours: float = HALF_LIFE_HOURS,
+    decay: float = DECAY,
     w_recency: float | None = None,
     w_importance: float | None = None,
     w_relevance: float | None = None,

@@ -21,6 +21,8 @@ Mode = Literal["dense", "lexical", "hybrid"]
 # How hybrid mode fuses its two legs (sql/040_retrieve.sql): Reciprocal Rank Fusion of the ranks, or a convex
 # combination (alpha x BM25 + (1 - alpha) x cosine similarity) of the scores min-max normalised per leg.
 Fusion = Literal["rrf", "convex"]
+# RRF's k: a hit at rank r of a leg adds 1 / (k + r); the default of every door (agentdb.retrieve's too).
+RRF_K = 60
 
 
 @dataclass
@@ -104,7 +106,7 @@ def retrieve(
     *,
     mode: Mode = "hybrid",
     top_k: int = 10,
-    rrf_k: int = 60,
+    rrf_k: int = RRF_K,
     threshold: float = 0.5,
     filter: dict[str, Any] | None = None,
     query_embedding: list[float] | np.ndarray | None = None,
@@ -170,4 +172,4 @@ def retrieve(
     return Result(route=payload["route"], hits=hits, diagnostics=payload["diagnostics"])
 
 
-__all__ = ["ROW_FIELDS", "AgentDBError", "Fusion", "Hit", "Mode", "Result", "retrieve"]
+__all__ = ["ROW_FIELDS", "RRF_K", "AgentDBError", "Fusion", "Hit", "Mode", "Result", "retrieve"]
