@@ -32,10 +32,10 @@ from agentdb.api.indexes import node_neighbors
 from agentdb.auth import Principal, check_fields, check_tool, read_scope
 from agentdb.config import Settings
 from agentdb.embed import load_embedder
-from agentdb.errors import Forbidden, parse_params
+from agentdb.errors import AgentDBError, Forbidden, parse_params
 from agentdb.indexes import Direction, list_indexes
 from agentdb.mcp.budget import Budget
-from agentdb.memory import RecallOptions, assemble, recall, write_records
+from agentdb.memory import RecallOptions, StoreSpec, assemble, recall, write_records
 from agentdb.memory.models import WriteIn
 from navigation import Node
 from navigation.render import render_document
@@ -192,9 +192,8 @@ def search(call: Call, args: Any) -> Answer:
     try:
         plan = agent.validate(call.conn, request, call.caller, call.settings)
         response = agent.respond(agent.run(call.conn, request, call.caller, call.settings, plan=plan))
-    except Exception as exc:
-        if hasattr(exc, "path"):
-            exc.path = _search_path(exc.path)
+    except AgentDBError as exc:
+        exc.path = _search_path(exc.path)
         raise
     call.budget.spend_nodes(len(response.hits))
     hits = [h.to_json() for h in response.hits]
@@ -332,11 +331,7 @@ def recall_memory(call: Call, args: Any) -> Answer:
 def write_memory(call: Call, args: Any) -> Answer:
     spec_keys = {"fields", "schema_name", "single_valued"}
     given = {k for k in args.model_fields_set if k in spec_keys}
-    spec = None
-    if given:
-        from agentdb.memory import StoreSpec
-
-        spec = StoreSpec.model_validate({k: getattr(args, k) for k in given})
+    spec = StoreSpec.model_validate({k: getattr(args, k) for k in given}) if given else None
     report = write_records(
         call.conn,
         args.store,
