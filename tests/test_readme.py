@@ -279,14 +279,15 @@ def test_the_readme_mcp_config_serves_an_assistant(demo: dict[str, Any]) -> None
             fields=["title", "text", "kind", "parent"],
             tools=["search", "tree_search", "memory"],
         )
-        # A section with sect3 children (hidden from the principal) and others.
-        parent, visible = conn.execute(
+        # A section with children of kind sect3 (hidden from the principal), the most other children first.
+        row = conn.execute(
             "select p.doc_id, array_agg(c.doc_id order by c.doc_id) filter (where c.metadata->>'kind' <> 'sect3')"
             " from agentdb_docs.pgdocs p join agentdb_docs.pgdocs c on c.metadata->>'parent' = p.doc_id and c.chunk = 0"
-            " where p.chunk = 0 group by p.doc_id"
-            " having bool_or(c.metadata->>'kind' = 'sect3') and bool_or(c.metadata->>'kind' <> 'sect3')"
-            " order by p.doc_id limit 1"
+            " where p.chunk = 0 group by p.doc_id having bool_or(c.metadata->>'kind' = 'sect3')"
+            " order by count(*) filter (where c.metadata->>'kind' <> 'sect3') desc, p.doc_id limit 1"
         ).fetchone()
+        assert row is not None, "the demo has sect3 sections"
+        parent, visible = row[0], row[1] or []
     env = {**demo["env"], **config["env"], "AGENTDB_API_KEY": key}
     command = shutil.which(config["command"], path=env["PATH"])
     assert command is not None, config["command"]
