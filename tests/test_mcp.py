@@ -236,9 +236,9 @@ def same_as_missing(hidden: dict[str, Any], missing: dict[str, Any], names: tupl
     )
 
 
-async def exercise_every_tool(session: ClientSession) -> None:
+async def exercise_every_tool(session: ClientSession, store: str) -> None:
     """The restricted principal on every tool: what it may see, and what it may not see answering like what
-    does not exist."""
+    does not exist; its memory goes to its own new store `store`."""
     listed = await session.list_tools()
     assert {t.name for t in listed.tools} == TOOL_NAMES
     assert all(
@@ -308,15 +308,13 @@ async def exercise_every_tool(session: ClientSession) -> None:
     wrote = await call(
         session,
         "write_memory",
-        store="assistant_notes",
+        store=store,
         records=[
             {"text": "The on-call DBA prefers point-in-time recovery over logical dumps.", "importance": 8}
         ],
     )
     assert wrote["created_store"] is True and len(wrote["ids"]) == 1
-    recalled = await call(
-        session, "recall_memory", store="assistant_notes", query="which recovery does the DBA prefer?"
-    )
+    recalled = await call(session, "recall_memory", store=store, query="which recovery does the DBA prefer?")
     assert [m["id"] for m in recalled["memories"]] == wrote["ids"]
     assert (
         "<memory>" in recalled["_text"] and "point-in-time recovery over logical dumps" in recalled["_text"]
@@ -376,29 +374,22 @@ def test_stdio_restricted_principal_every_tool(corpus: dict[str, Any]) -> None:
 
     async def main() -> None:
         async with stdio_session(corpus["url"], corpus["assistant"]) as session:
-            await exercise_every_tool(session)
+            await exercise_every_tool(session, "stdio_notes")
             await injected_text_changes_nothing(session)
             await hostile_arguments_are_tool_errors(session)
 
     anyio.run(main)
 
 
-def test_stdio_tool_permissions_and_budgets(corpus: dict[str, Any]) -> None:
+def test_http_tool_permissions_and_budgets(corpus: dict[str, Any]) -> None:
     """A principal without tree_search or memory is refused those tools (1403, before anything is read); the
-    session's budgets run out with a tool error that names the budget."""
+    session's budgets run out with a tool error that names the budget; a new session has a new budget."""
+    settings = Settings(
+        database_url=corpus["url"], embed_interval_s=0, mcp_max_tool_calls=5, mcp_max_nodes_read=3
+    )
 
-    async def main() -> None:
-        params = StdioServerParameters(
-            command=str(BIN / "agentdb"),
-            args=["mcp"],
-            env=_env(corpus["url"], corpus["searcher"])
-            | {"AGENTDB_MCP_MAX_TOOL_CALLS": "5", "AGENTDB_MCP_MAX_NODES_READ": "3"},
-        )
-        async with (
-            stdio_client(params) as (read, write),
-            ClientSession(read, write, read_timeout_seconds=120) as session,
-        ):
-            await session.initialize()
+    async def main(base: str) -> None:
+        async with http_session(base, corpus["searcher"]) as session:
             refused = await error(session, "children", source="runbooks", index="sections", key="ops")
             assert (refused["code"], refused["name"]) == (1403, "Forbidden") and "tree_search" in refused[
                 "message"
@@ -412,27 +403,32 @@ def test_stdio_tool_permissions_and_budgets(corpus: dict[str, Any]) -> None:
             calls = await error(session, "list_sources")
             assert (calls["code"], calls["path"]) == (1429, "budget.tool_calls")
             assert "AGENTDB_MCP_MAX_TOOL_CALLS" in calls["hint"]
+        async with http_session(base, corpus["searcher"]) as fresh:
+            assert (await call(fresh, "list_sources"))["budget_left"]["tool_calls"] == 4
 
-    anyio.run(main)
+    with live(settings) as base:
+        anyio.run(main, base)
 
 
 def test_stdio_needs_a_key_where_principals_exist(corpus: dict[str, Any]) -> None:
     """Without AGENTDB_API_KEY on a database with principals, and with a wrong key, `agentdb mcp` refuses to
     start, saying why (exit status 2), before it serves anything."""
-    for key, message in (
-        (None, "needs one's key in AGENTDB_API_KEY"),
-        ("adb_" + "x" * 43, "invalid API key"),
-    ):
-        done = subprocess.run(
+    refusals = {None: "needs one's key in AGENTDB_API_KEY", "adb_" + "x" * 43: "invalid API key"}
+    started = {
+        key: subprocess.Popen(
             [str(BIN / "agentdb"), "mcp"],
             env=_env(corpus["url"], key),
-            input="",
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-        assert done.returncode == 2 and message in done.stderr, done.stderr
-        assert done.stdout == ""
+        for key in refusals
+    }
+    for key, proc in started.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and refusals[key] in err, err
+        assert out == ""
 
 
 def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
@@ -513,7 +509,7 @@ def test_http_mcp_runs_as_the_bearer(corpus: dict[str, Any]) -> None:
 
     async def main(base: str) -> None:
         async with http_session(base, corpus["assistant"]) as session:
-            await exercise_every_tool(session)
+            await exercise_every_tool(session, "http_notes")
             await injected_text_changes_nothing(session)
             long = await error(session, "search", source="runbooks", query="x" * 600_000)
             assert (long["code"], long["path"]) == (3007, "query")

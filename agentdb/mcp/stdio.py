@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import psycopg
-from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
 from psycopg_pool import ConnectionPool
 
 from agentdb.auth import Principal, any_principals, authenticate
@@ -22,10 +19,11 @@ from agentdb.config import Settings
 from agentdb.db import resolve_url
 from agentdb.db.migrate import require_current
 from agentdb.db.pool import open_pool
-from agentdb.embed import load_embedder
 from agentdb.errors import Unauthorized
 from agentdb.mcp.budget import Budget
-from agentdb.mcp.server import build_server
+
+if TYPE_CHECKING:
+    from mcp.server.context import ServerRequestContext
 
 
 class StdioDoor:
@@ -74,6 +72,13 @@ def serve_stdio(settings: Settings) -> None:
         door = StdioDoor(pool, settings)
         with pool.connection() as conn:
             door.caller(conn)  # refuse at once, before the client is told of any tool
+        # Only now the heavy imports (the tools import the whole read path): a refused start says so at once.
+        import anyio
+        from mcp.server.stdio import stdio_server
+
+        from agentdb.embed import load_embedder
+        from agentdb.mcp.server import build_server
+
         load_embedder()
         server = build_server(door)
 
