@@ -1,4 +1,4 @@
-"""The `agentdb` command: serve, migrate, ingest, register, sources, search, eval, check, index, principal,
+"""The `agentdb` command: serve, mcp, migrate, ingest, register, sources, search, eval, check, index, principal,
 pack, memory, eval-memory, start, stop, status, db-url, demo."""
 
 from __future__ import annotations
@@ -1041,6 +1041,14 @@ def cmd_eval_memory(args: argparse.Namespace) -> None:
         print(memory_table(rows))
 
 
+def cmd_mcp(args: argparse.Namespace) -> None:
+    from agentdb.mcp.stdio import serve_stdio
+
+    settings = _settings(args)
+    _require_database(args, settings)
+    serve_stdio(settings)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -1224,6 +1232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     _add_replica(p)
+
+    command("mcp", cmd_mcp, "serve MCP over stdio for an assistant (as the principal of AGENTDB_API_KEY)")
 
     p = command("demo", cmd_demo, "load the demo corpus (the PostgreSQL manual) if needed, then serve")
     p.add_argument("--host")

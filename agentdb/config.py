@@ -61,6 +61,12 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
+    # `agentdb mcp` over stdio runs as the principal whose key this is (AGENTDB_API_KEY).
+    api_key: str | None = None
+    # What one MCP session may spend (agentdb.mcp): tool calls, nodes (documents) read, bytes returned.
+    mcp_max_tool_calls: int = 200
+    mcp_max_nodes_read: int = 1_000
+    mcp_max_bytes: int = 4 * 1024 * 1024
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -96,6 +102,10 @@ class Settings:
             allowed_origins=_names(env.get("AGENTDB_ALLOWED_ORIGINS")),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
+            api_key=env.get("AGENTDB_API_KEY") or None,
+            mcp_max_tool_calls=int(env.get("AGENTDB_MCP_MAX_TOOL_CALLS", "200")),
+            mcp_max_nodes_read=int(env.get("AGENTDB_MCP_MAX_NODES_READ", "1000")),
+            mcp_max_bytes=int(env.get("AGENTDB_MCP_MAX_BYTES", str(4 * 1024 * 1024))),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if "data_dir" in given:

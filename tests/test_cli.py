@@ -75,6 +75,7 @@ def test_every_command_has_help() -> None:
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert set(commands) == {
         "serve",
+        "mcp",
         "demo",
         "migrate",
         "db-url",

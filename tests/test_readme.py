@@ -218,6 +218,10 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
             assert [s["name"] for s in granted] == ["pgdocs"], granted
             names = {f["name"] for f in granted[0]["fields"]}
             assert names <= {"title", "text", "kind"} and "kind" in names, names
+        elif language == "json" and '"mcpServers"' in text:
+            json.loads(
+                text
+            )  # the assistant's configuration: test_the_readme_mcp_config_serves_an_assistant runs it
         elif language == "sql":
             statements = [s.strip() for s in re.sub(r"--[^\n]*", "", text).split(";") if s.strip()]
             assert len(statements) == 5, where
@@ -249,3 +253,90 @@ def test_the_readme_sql_answers_as_documented(demo: dict[str, Any]) -> None:
         walked = conn.execute(walk).fetchall()
         assert len(walked) == 5 and all(r[3][0] == "backup.html" and r[2] == len(r[3]) - 1 for r in walked)
         assert conn.execute(neighbours).fetchall()
+
+
+def test_the_readme_mcp_config_serves_an_assistant(demo: dict[str, Any]) -> None:
+    """The README's Claude Desktop configuration, run as a desktop client runs it (its command, arguments and
+    environment; the test database for DATABASE_URL, which wins over the placeholder data directory, and a
+    restricted principal's key for the placeholder one): the SDK's client lists agentdb's tools, searches the
+    demo, walks the manual's sections itself (a hidden row stays hidden), and writes and recalls a memory."""
+    import shutil
+
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    from agentdb.auth import create_principal, delete_principal
+
+    (snippet,) = [text for language, text, _ in blocks() if language == "json" and '"mcpServers"' in text]
+    config = json.loads(snippet)["mcpServers"]["agentdb"]
+    assert config["args"][0] == "mcp" and config["env"]["AGENTDB_API_KEY"].startswith("adb_")
+    with psycopg.connect(demo["db_url"], autocommit=True) as conn:
+        _, key = create_principal(
+            conn,
+            "readme-assistant",
+            tables=["pgdocs"],
+            row_filter={"kind": {"$ne": "sect3"}},
+            fields=["title", "text", "kind", "parent"],
+            tools=["search", "tree_search", "memory"],
+        )
+        # A section with children of kind sect3 (hidden from the principal), the most other children first.
+        row = conn.execute(
+            "select p.doc_id, array_agg(c.doc_id order by c.doc_id) filter (where c.metadata->>'kind' <> 'sect3')"
+            " from agentdb_docs.pgdocs p join agentdb_docs.pgdocs c on c.metadata->>'parent' = p.doc_id and c.chunk = 0"
+            " where p.chunk = 0 group by p.doc_id having bool_or(c.metadata->>'kind' = 'sect3')"
+            " order by count(*) filter (where c.metadata->>'kind' <> 'sect3') desc, p.doc_id limit 1"
+        ).fetchone()
+        assert row is not None, "the demo has sect3 sections"
+        parent, visible = row[0], row[1] or []
+    env = {**demo["env"], **config["env"], "AGENTDB_API_KEY": key}
+    command = shutil.which(config["command"], path=env["PATH"])
+    assert command is not None, config["command"]
+
+    async def data(session: ClientSession, name: str, **arguments: Any) -> dict[str, Any]:
+        result = await session.call_tool(name, arguments)
+        assert not result.is_error, (name, result.content)
+        return dict(result.structured_content or {})
+
+    async def main() -> None:
+        params = StdioServerParameters(command=command, args=config["args"], env=env)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write, read_timeout_seconds=300) as session:
+                await session.initialize()
+                names = {t.name for t in (await session.list_tools()).tools}
+                assert {"search", "children", "parent", "siblings", "recall_memory", "write_memory"} <= names
+                hits = (
+                    await data(
+                        session, "search", source="pgdocs", query="recover to a point in time", top_k=5
+                    )
+                )["hits"]
+                assert hits and all(h["_source"]["kind"] != "sect3" for h in hits), hits
+                # The walk the client drives: from the best hit up to its page, then down the page's sections.
+                node = hits[0]["_id"]
+                up = (await data(session, "parent", source="pgdocs", index="sections", key=node))["parent"]
+                while up:
+                    node = up[0]["key"]
+                    up = (await data(session, "parent", source="pgdocs", index="sections", key=node))[
+                        "parent"
+                    ]
+                below = await data(session, "children", source="pgdocs", index="sections", key=node, limit=50)
+                assert below["children"], node
+                hidden = await data(
+                    session, "children", source="pgdocs", index="sections", key=parent, limit=256
+                )
+                assert sorted(c["key"] for c in hidden["children"]) == visible, parent
+                wrote = await data(
+                    session,
+                    "write_memory",
+                    store="assistant",
+                    records=[{"text": "Sam restores with PITR, never pg_dump."}],
+                )
+                recalled = await data(
+                    session, "recall_memory", store="assistant", query="how does Sam restore?"
+                )
+                assert [m["id"] for m in recalled["memories"]][:1] == wrote["ids"]
+
+    try:
+        anyio.run(main)
+    finally:
+        with psycopg.connect(demo["db_url"], autocommit=True) as conn:
+            delete_principal(conn, "readme-assistant")

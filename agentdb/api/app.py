@@ -18,11 +18,13 @@ from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentdb import __version__
 from agentdb.api import agents, docs, documents, indexes, memory, playground, retrieval
 from agentdb.api.access import admit_body, guard_open_access, open_access_allowed, principal
+from agentdb.api.catalog import SourceOut, source_out, visible_sources
 from agentdb.api.guard import RequestGuard, json_path, refuse
 from agentdb.api.routing import DatabaseRoute, connection, principal_slots, routing_headers
 from agentdb.auth import Principal, any_principals, check_table, read_scope, visible_source
@@ -45,7 +47,7 @@ from agentdb.errors import (
     is_outage,
 )
 from agentdb.ingest.embed_worker import EmbeddingWorker
-from agentdb.sources import FieldSpec, Source, get_source, list_sources, pending_embeddings, source_counts
+from agentdb.sources import get_source, pending_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -109,21 +111,6 @@ class Health(BaseModel):
     nodes: list[NodeOut] = []
 
 
-class SourceOut(BaseModel):
-    name: str
-    kind: str
-    table: str
-    text_columns: list[str]
-    fields: list[FieldSpec]
-    embedding_model: str
-    embedding_dim: int
-    ts_config: str
-    documents: int
-    chunks: int
-    # Registered tables: rows waiting for the background embedder (not shown to principals).
-    pending_embeddings: int | None = None
-
-
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope} for status in (400, 401, 403, 404, 409, 413, 415, 429, 503)
 }
@@ -163,7 +150,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             )
             app.state.watcher.start()
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             if app.state.watcher is not None:
                 app.state.watcher.close()
@@ -258,12 +246,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
         caller: Principal | None = Depends(principal),  # noqa: B008
     ) -> list[SourceOut]:
-        visible = [s for s in list_sources(conn) if caller is None or s.name in caller.tables]
-        pending = {
-            s.name: pending_embeddings(conn, s) for s in visible if caller is None and s.kind == "table"
-        }
-        with read_scope(conn, caller):
-            return [source_out(conn, visible_source(caller, s), pending.get(s.name)) for s in visible]
+        return visible_sources(conn, caller)
 
     app.add_middleware(LockedGate, settings=settings)
     app.add_middleware(
@@ -287,6 +270,10 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.mount("/playground/static", playground.assets, name="playground")
     app.include_router(docs.router)
     app.mount("/docs-assets", docs.assets, name="docs-assets")
+    from agentdb.mcp.http import MCP_PATH, McpEndpoint  # it imports this package's admission rules
+
+    mcp = McpEndpoint(settings)
+    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))  # every method: the SDK answers
     return app
 
 
@@ -386,19 +373,4 @@ def envelope(body: dict[str, Any], status: int, headers: dict[str, str] | None =
     """The error envelope {"error": {"code", "name", "message", "path"}} as an orjson response."""
     return Response(
         orjson.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json"
-    )
-
-
-def source_out(conn: psycopg.Connection[Any], s: Source, pending: int | None = None) -> SourceOut:
-    return SourceOut(
-        pending_embeddings=pending,
-        name=s.name,
-        kind=s.kind,
-        table=f"{s.table_schema}.{s.table_name}",
-        text_columns=s.text_columns,
-        fields=s.fields,
-        embedding_model=s.embedding_model,
-        embedding_dim=s.embedding_dim,
-        ts_config=s.ts_config,
-        **source_counts(conn, s),
     )

@@ -99,6 +99,13 @@ class StoreSpec(BaseModel):
     single_valued: list[str] | None = None
 
 
+class WriteIn(StoreSpec):
+    """The body of a records write: records (one or many) and, for a store the write creates, its spec."""
+
+    records: list[RecordIn] = Field(min_length=1, max_length=10_000)
+    vars: dict[str, str | int] | None = None
+
+
 class RelationResult(BaseModel):
     id: int
     subject: str
