@@ -59,7 +59,7 @@ begin
                    'principal_columns', 'source_relation', 'principal_row_filter_applies', 'principal_term_stats',
                    'principal_install_postings', 'principal_install', 'principal_grant', 'principal_release_table',
                    'principal_revoke', 'principal_reinstall', 'principal_uninstall', 'principal_foreign_policies',
-                   'principal_field_granted'])
+                   'principal_field_granted', 'principal_block_predicate'])
     loop
         execute format('drop function %s', f);
     end loop;
@@ -240,6 +240,49 @@ select field is null or not exists (
     select 1 from agentdb.principals p
     where p.role = coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name
       and p.fields is not null and not field = any (p.fields))
+$$;
+
+-- What the active principal (the `role` setting, as in agentdb.principal_row_filter_applies) may read of the
+-- block postings of source `source_id`: `rel`, the source table (schema.table, quoted), and `pred`, the
+-- predicate of the principal's policy on it over that table's name, compiled by agentdb.principal_policy_sql
+-- ('true' for an open grant and for its own memory stores: every chunk). Both null, nothing, for anyone else,
+-- for a source outside its grant, or one not in the block layout. A block holds postings of up to 128 chunks,
+-- visible or not, so principals' roles cannot read agentdb.posting_blocks (migrations/0013, 0015): their
+-- readers (agentdb_internal.principal_block_postings for the SQL path, agentdb_internal.principal_bm25_topk
+-- for the C cursor) read blocks with their owner's rights and keep a chunk only when it passes this
+-- predicate. That is all the row security they can apply, so a source table with policies that are not
+-- agentdb's principal policies fails closed (9002): the grant and the move to blocks refuse such tables
+-- (principal_grant below, agentdb.lexical_set_layout), but a policy may be added later. SECURITY DEFINER over
+-- agentdb.principals; it tells the caller about its own policy only.
+create or replace function agentdb.principal_block_predicate(source_id int, out rel text, out pred text)
+language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
+declare
+    p agentdb.principals;
+    src agentdb.sources;
+begin
+    select * into p from agentdb.principals x where x.role = current_setting('role')::name;
+    select * into src from agentdb.sources s where s.id = principal_block_predicate.source_id
+                                                and s.lexical_layout = 'blocks';
+    if p.id is null or src.id is null then
+        return;
+    end if;
+    rel := format('%I.%I', src.table_schema, src.table_name);
+    if exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner = p.id) then
+        pred := 'true';
+    elsif src.name = any (p.tables) and has_any_column_privilege(p.role, rel, 'SELECT') then
+        pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
+    else
+        rel := null;
+        return;
+    end if;
+    if cardinality(agentdb.principal_foreign_policies(rel::regclass)) > 0 then
+        perform agentdb.raise_error(9002, 'DatabaseSetupError',
+            format('source %L keeps block postings and its table has row security policies that are not'
+                   ' agentdb''s, which principals'' block reads cannot apply', src.name), 'source',
+            format('drop those policies, or move the source to row postings: agentdb optimize %s --layout rows',
+                   src.name));
+    end if;
+end;
 $$;
 
 -- The term statistics of the named `terms` of source `source_id` (rows of agentdb.term_stats), for a
