@@ -21,9 +21,10 @@
 --     them, and its results would tell as much;
 --   * of a source kept in blocks (agentdb.posting_blocks, whose rows hold postings of up to 128 chunks, some
 --     of which it may not read) no block at all (a restrictive policy, migrations/0013): the postings of
---     the chunks it may read come one a row from agentdb_internal.principal_block_postings (SECURITY
---     DEFINER), which applies the predicate of its policy on the source table (principal_policy_sql, the
---     same compiler). That is the only row security it can apply, so a block source whose table has other
+--     the chunks it may read come one a row from agentdb_internal.principal_block_postings, and the C
+--     cursor's best chunks it may read from agentdb_internal.principal_bm25_topk (both SECURITY DEFINER),
+--     which apply the predicate of its policy on the source table (agentdb.principal_block_predicate, from
+--     principal_policy_sql, the same compiler). That is the only row security they can apply, so a block source whose table has other
 --     policies (agentdb.principal_foreign_policies) is not granted, a source read by principals with such
 --     policies does not move to blocks, and a policy added later makes the principal's lexical reads of the
 --     source fail (9002) rather than show more than its rows;
@@ -302,9 +303,10 @@ $$;
 
 -- The names of the row security policies on table `rel` that are not agentdb's principal policies (those that
 -- principal_grant creates: agentdb_p_<id>, _insert and _delete of an existing principal, to its role alone).
--- Principals read block postings through agentdb_internal.principal_block_postings, which applies their own
--- policy's predicate and cannot apply any other policy (one that reads current_user, say, would see the
--- function's owner), so a source with such policies is not read in blocks by principals.
+-- Principals read block postings through agentdb_internal.principal_block_postings and
+-- agentdb_internal.principal_bm25_topk, which apply their own policy's predicate and cannot apply any other
+-- policy (one that reads current_user, say, would see the function's owner), so a source with such policies
+-- is not read in blocks by principals.
 create or replace function agentdb.principal_foreign_policies(rel regclass) returns text[]
 language sql stable as $$
 select coalesce(array_agg(x.polname::text order by x.polname), '{}')
