@@ -549,7 +549,8 @@ def time_modes(
         }
         for row in rows
     }
-    out["lexical_path"] = path_in_use(conn)
+    # The C cursor reads the block layout only: a source in rows takes the SQL path on every connection.
+    out["lexical_path"] = path_in_use(conn) if get_source(conn, name).lexical_layout == "blocks" else "sql"
     out["bm25s_index_s"] = None if build_s is None else round(build_s, 1)
     out["pg_textsearch_index_s"] = None if pgts_build_s is None else round(pgts_build_s, 1)
     out["overlap_with_exact"] = {

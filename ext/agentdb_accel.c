@@ -1,9 +1,11 @@
 /*
  * agentdb_accel: the exact Okapi BM25 top k of a query over agentdb's own postings, as a cursor in C.
  *
- * It reads the tables the plain SQL path reads (agentdb.posting_blocks, or agentdb.postings for a source in the
- * row layout) through their primary key indexes, under the caller's snapshot: the same rows, crash safety and
- * transactional visibility as every other reader, with no structure of its own to keep equal to them.
+ * It reads the table the plain SQL path reads for a source in the block layout (agentdb.posting_blocks) through
+ * its primary key index, under the caller's snapshot: the same rows, crash safety and transactional visibility
+ * as every other reader, with no structure of its own to keep equal to them. A source in the row layout takes
+ * the plain SQL path (sql/040_retrieve.sql): a cursor reading one index entry and heap tuple a posting was
+ * slower than the SQL path's sums there (SciFact, bench/LOG.md).
  *
  * The caller (agentdb_internal.bm25_accel, sql/025_accel.sql) passes each query term with its weight
  * wk = idf x (k1 + 1) and its statistics as the SQL side read them, so both paths score with one definition:
@@ -51,10 +53,10 @@
 
 PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.0");
 
-PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk);
+PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk_blocks);
 
-/* Postings are decoded into batches of this many (a block holds up to 128). */
-#define BATCH 128
+/* A block holds the postings of up to this many chunks of one term. */
+#define BLOCK 128
 
 /*
  * A remaining term is added to the candidates by one index probe each while they number less than
@@ -90,18 +92,18 @@ typedef struct QueryTerm
 	int64		max_span;		/* block layout: the widest chunk range of its blocks */
 } QueryTerm;
 
-typedef struct Batch
+/* The postings of one block: chunk ids in ascending order, with their tf and dl. */
+typedef struct PostingBlock
 {
 	int			n;
-	int64		cid[BATCH];
-	int32		tf[BATCH];
-	int32		dl[BATCH];
-} Batch;
+	int64		cid[BLOCK];
+	int32		tf[BLOCK];
+	int32		dl[BLOCK];
+} PostingBlock;
 
-/* The postings of one source in one layout, read through the table's primary key. */
+/* The block postings of one source, read through the table's primary key. */
 typedef struct Postings
 {
-	bool		blocks;
 	int32		source_id;
 	Relation	heap;
 	Relation	index;
@@ -109,13 +111,12 @@ typedef struct Postings
 	Snapshot	snapshot;
 	TupleTableSlot *slot;
 	IndexScanDesc term_scan;	/* source_id = and term = */
-	IndexScanDesc probe_scan;	/* and the chunk (rows) or the blocks that may hold it */
-	/* Attribute numbers: of the chunk (rows) or first_chunk (blocks), and of what each posting holds. */
-	AttrNumber	att_chunk;
-	AttrNumber	att_last;		/* blocks: last_chunk */
-	AttrNumber	att_tf;			/* rows: tf; blocks: tfs */
-	AttrNumber	att_dl;			/* rows: dl; blocks: dls */
-	AttrNumber	att_offs;		/* blocks: offs */
+	IndexScanDesc probe_scan;	/* and the blocks that may hold a chunk */
+	AttrNumber	att_first;
+	AttrNumber	att_last;
+	AttrNumber	att_tfs;
+	AttrNumber	att_dls;
+	AttrNumber	att_offs;
 	MemoryContext scratch;		/* detoasted arrays of one block */
 	double		k_len;			/* the BM25 denominator: tf + k_len + k_dl * dl */
 	double		k_dl;
@@ -156,44 +157,40 @@ column(Relation rel, const char *name)
 }
 
 static void
-postings_open(Postings *p, int32 source_id, bool blocks, double k_len, double k_dl)
+postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 {
 	Oid			index_oid;
 
 	memset(p, 0, sizeof(Postings));
-	p->blocks = blocks;
 	p->source_id = source_id;
 	p->k_len = k_len;
 	p->k_dl = k_dl;
-	p->heap = open_table(blocks ? "posting_blocks" : "postings");
-	if (blocks)
-		index_oid = RelationGetPrimaryKeyIndex(p->heap, false);
-	else
-		index_oid = get_relname_relid("postings_term_idx", RelationGetNamespace(p->heap));
+	p->heap = open_table("posting_blocks");
+	index_oid = RelationGetPrimaryKeyIndex(p->heap, false);
 	if (!OidIsValid(index_oid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("the key index of %s is missing", RelationGetRelationName(p->heap))));
 	p->index = index_open(index_oid, AccessShareLock);
-	p->att_chunk = column(p->heap, blocks ? "first_chunk" : "chunk_id");
-	p->att_last = blocks ? column(p->heap, "last_chunk") : InvalidAttrNumber;
-	p->att_tf = column(p->heap, blocks ? "tfs" : "tf");
-	p->att_dl = column(p->heap, blocks ? "dls" : "dl");
-	p->att_offs = blocks ? column(p->heap, "offs") : InvalidAttrNumber;
-	/* The scans key on the index's first three columns: (source_id, term, the chunk or the first chunk). */
+	p->att_first = column(p->heap, "first_chunk");
+	p->att_last = column(p->heap, "last_chunk");
+	p->att_tfs = column(p->heap, "tfs");
+	p->att_dls = column(p->heap, "dls");
+	p->att_offs = column(p->heap, "offs");
+	/* The scans key on the index's first three columns: (source_id, term, first_chunk). */
 	if (p->index->rd_index->indnkeyatts < 3 ||
 		p->index->rd_index->indkey.values[0] != column(p->heap, "source_id") ||
 		p->index->rd_index->indkey.values[1] != column(p->heap, "term") ||
-		p->index->rd_index->indkey.values[2] != p->att_chunk)
+		p->index->rd_index->indkey.values[2] != p->att_first)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("the key index of %s is not on (source_id, term, %s)",
-						RelationGetRelationName(p->heap), blocks ? "first_chunk" : "chunk_id")));
+				 errmsg("the key index of %s is not on (source_id, term, first_chunk)",
+						RelationGetRelationName(p->heap))));
 	p->term_collation = p->index->rd_indcollation[1];
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
 	p->term_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
-	p->probe_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, blocks ? 4 : 3, 0);
+	p->probe_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 4, 0);
 	p->scratch = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel block", ALLOCSET_SMALL_SIZES);
 }
 
@@ -222,25 +219,33 @@ contribution(const Postings *p, double wk, int32 tf, int32 dl)
 	return wk * tf / (tf + p->k_len + p->k_dl * dl);
 }
 
-/* The arrays of the block in p->slot, detoasted into p->scratch, checked to be of one length. */
-static int
-block_arrays(Postings *p, int64 *first, int32 **offs, int16 **tfs, int32 **dls)
+/*
+ * The postings of the block in p->slot into *out, chunk ids made absolute. Its arrays are detoasted into
+ * p->scratch, which is reset before it returns; a block whose arrays differ in length, hold nulls or more than
+ * BLOCK postings is refused.
+ */
+static void
+read_block(Postings *p, PostingBlock *out)
 {
 	bool		isnull;
+	int64		first = DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull));
 	ArrayType  *a_offs;
 	ArrayType  *a_tfs;
 	ArrayType  *a_dls;
+	const int32 *offs;
+	const int16 *tfs;
+	const int32 *dls;
 	MemoryContext old;
 	int			n;
+	int			i;
 
-	*first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
 	old = MemoryContextSwitchTo(p->scratch);
 	a_offs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_offs, &isnull));
-	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tf, &isnull));
-	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_dl, &isnull));
+	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tfs, &isnull));
+	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_dls, &isnull));
 	MemoryContextSwitchTo(old);
 	n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
-	if (ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
+	if (n > BLOCK || ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
 		ArrayGetNItems(ARR_NDIM(a_tfs), ARR_DIMS(a_tfs)) != n ||
 		ArrayGetNItems(ARR_NDIM(a_dls), ARR_DIMS(a_dls)) != n ||
 		ARR_ELEMTYPE(a_offs) != INT4OID || ARR_ELEMTYPE(a_tfs) != INT2OID || ARR_ELEMTYPE(a_dls) != INT4OID)
@@ -248,10 +253,17 @@ block_arrays(Postings *p, int64 *first, int32 **offs, int16 **tfs, int32 **dls)
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("a posting block of source %d is malformed", p->source_id),
 				 errhint("Run agentdb check --repair on the source.")));
-	*offs = (int32 *) ARR_DATA_PTR(a_offs);
-	*tfs = (int16 *) ARR_DATA_PTR(a_tfs);
-	*dls = (int32 *) ARR_DATA_PTR(a_dls);
-	return n;
+	offs = (const int32 *) ARR_DATA_PTR(a_offs);
+	tfs = (const int16 *) ARR_DATA_PTR(a_tfs);
+	dls = (const int32 *) ARR_DATA_PTR(a_dls);
+	for (i = 0; i < n; i++)
+	{
+		out->cid[i] = first + offs[i];
+		out->tf[i] = tfs[i];
+		out->dl[i] = dls[i];
+	}
+	out->n = n;
+	MemoryContextReset(p->scratch);
 }
 
 /*
@@ -278,129 +290,62 @@ range_holds(const int64 *cands, int n, int64 lo, int64 hi)
 }
 
 /*
- * Call `visit` on every batch of term t's postings; in the block layout blocks whose chunk range holds none
- * of the sorted `cands` (when given) are skipped undecoded.
+ * Call `visit` on every block of term t's postings; blocks whose chunk range holds none of the sorted `cands`
+ * (when given) are skipped undecoded.
  */
-typedef void (*BatchVisitor) (void *arg, QueryTerm *t, const Batch *batch);
+typedef void (*BlockVisitor) (void *arg, QueryTerm *t, const PostingBlock *block);
 
 static void
-scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BatchVisitor visit, void *arg)
+scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BlockVisitor visit, void *arg)
 {
 	ScanKeyData keys[2];
-	Batch	   *batch = palloc(sizeof(Batch));
+	PostingBlock	   *block = palloc(sizeof(PostingBlock));
 	bool		isnull;
 
 	term_keys(p, keys, t);
 	index_rescan(p->term_scan, keys, 2, NULL, 0);
-	batch->n = 0;
 	while (index_getnext_slot(p->term_scan, ForwardScanDirection, p->slot))
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (p->blocks)
-		{
-			int64		first;
-			int32	   *offs;
-			int16	   *tfs;
-			int32	   *dls;
-			int			n;
-			int			i;
-
-			first = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
-			if (!range_holds(cands, ncands, first, DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull))))
-				continue;
-			n = block_arrays(p, &first, &offs, &tfs, &dls);
-			for (i = 0; i < n; i++)
-			{
-				batch->cid[batch->n] = first + offs[i];
-				batch->tf[batch->n] = tfs[i];
-				batch->dl[batch->n] = dls[i];
-				if (++batch->n == BATCH)
-				{
-					visit(arg, t, batch);
-					batch->n = 0;
-				}
-			}
-			MemoryContextReset(p->scratch);
-		}
-		else
-		{
-			batch->cid[batch->n] = DatumGetInt64(slot_getattr(p->slot, p->att_chunk, &isnull));
-			batch->tf[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull));
-			batch->dl[batch->n] = DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull));
-			if (++batch->n == BATCH)
-			{
-				visit(arg, t, batch);
-				batch->n = 0;
-			}
-		}
+		if (!range_holds(cands, ncands, DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull)),
+						 DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull))))
+			continue;
+		read_block(p, block);
+		visit(arg, t, block);
 	}
-	if (batch->n > 0)
-		visit(arg, t, batch);
-	pfree(batch);
+	pfree(block);
 }
 
 /* Term t's contribution to chunk `cid`, or 0 when the chunk does not hold it: one index probe. */
 static double
-probe(Postings *p, QueryTerm *t, int64 cid)
+probe(Postings *p, QueryTerm *t, int64 cid, PostingBlock *block)
 {
 	ScanKeyData keys[4];
 	bool		isnull;
-	double		c = 0;
 
 	term_keys(p, keys, t);
-	if (p->blocks)
-	{
-		ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(cid - t->max_span));
-		ScanKeyInit(&keys[3], 3, BTLessEqualStrategyNumber, F_INT8LE, Int64GetDatum(cid));
-		index_rescan(p->probe_scan, keys, 4, NULL, 0);
-	}
-	else
-	{
-		ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(cid));
-		index_rescan(p->probe_scan, keys, 3, NULL, 0);
-	}
+	ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(cid - t->max_span));
+	ScanKeyInit(&keys[3], 3, BTLessEqualStrategyNumber, F_INT8LE, Int64GetDatum(cid));
+	index_rescan(p->probe_scan, keys, 4, NULL, 0);
 	while (index_getnext_slot(p->probe_scan, ForwardScanDirection, p->slot))
 	{
-		CHECK_FOR_INTERRUPTS();
-		if (p->blocks)
-		{
-			int64		first;
-			int32	   *offs;
-			int16	   *tfs;
-			int32	   *dls;
-			int			n;
-			int			i;
-			int32		off;
-			bool		found = false;
+		int			i;
 
-			if (DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull)) < cid)
-				continue;
-			n = block_arrays(p, &first, &offs, &tfs, &dls);
-			off = (int32) (cid - first);
-			for (i = 0; i < n; i++)
-			{
-				if (offs[i] == off)
-				{
-					c = contribution(p, t->wk, tfs[i], dls[i]);
-					found = true;
-					break;
-				}
-			}
-			MemoryContextReset(p->scratch);
-			if (found)
-				break;
-		}
-		else
+		CHECK_FOR_INTERRUPTS();
+		if (DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull)) < cid)
+			continue;
+		read_block(p, block);
+		for (i = 0; i < block->n; i++)
 		{
-			c = contribution(p, t->wk, DatumGetInt32(slot_getattr(p->slot, p->att_tf, &isnull)),
-							 DatumGetInt32(slot_getattr(p->slot, p->att_dl, &isnull)));
-			break;
+			CHECK_FOR_INTERRUPTS();
+			if (block->cid[i] == cid)
+				return contribution(p, t->wk, block->tf[i], block->dl[i]);
 		}
 	}
-	return c;
+	return 0;
 }
 
-/* What the batch visitors add to. */
+/* What the block visitors add to. */
 typedef struct Accumulate
 {
 	acc_hash   *acc;
@@ -409,16 +354,16 @@ typedef struct Accumulate
 
 /* Essential terms: every posting adds to the accumulator. */
 static void
-accumulate(void *arg, QueryTerm *t, const Batch *batch)
+accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 {
 	Accumulate *a = arg;
 	int			i;
 
-	for (i = 0; i < batch->n; i++)
+	for (i = 0; i < block->n; i++)
 	{
 		bool		found;
-		AccEntry   *e = acc_insert(a->acc, batch->cid[i], &found);
-		double		c = contribution(a->p, t->wk, batch->tf[i], batch->dl[i]);
+		AccEntry   *e = acc_insert(a->acc, block->cid[i], &found);
+		double		c = contribution(a->p, t->wk, block->tf[i], block->dl[i]);
 
 		e->score = found ? e->score + c : c;
 	}
@@ -426,17 +371,17 @@ accumulate(void *arg, QueryTerm *t, const Batch *batch)
 
 /* Remaining terms: postings add to the candidates only. */
 static void
-add_to_candidates(void *arg, QueryTerm *t, const Batch *batch)
+add_to_candidates(void *arg, QueryTerm *t, const PostingBlock *block)
 {
 	Accumulate *a = arg;
 	int			i;
 
-	for (i = 0; i < batch->n; i++)
+	for (i = 0; i < block->n; i++)
 	{
-		AccEntry   *e = acc_lookup(a->acc, batch->cid[i]);
+		AccEntry   *e = acc_lookup(a->acc, block->cid[i]);
 
 		if (e != NULL)
-			e->score += contribution(a->p, t->wk, batch->tf[i], batch->dl[i]);
+			e->score += contribution(a->p, t->wk, block->tf[i], block->dl[i]);
 	}
 }
 
@@ -493,7 +438,10 @@ threshold(acc_hash *acc, int64 k, double *buf)
 		return 0;
 	acc_start_iterate(acc, &it);
 	while ((e = acc_iterate(acc, &it)) != NULL)
+	{
+		CHECK_FOR_INTERRUPTS();
 		buf[n++] = e->score;
+	}
 	return kth_largest(buf, n, k) * (1 - 1e-9);
 }
 
@@ -547,6 +495,7 @@ prune(acc_hash **acc, double bound, double theta, int64 **ids)
 	acc_start_iterate(*acc, &it);
 	while ((e = acc_iterate(*acc, &it)) != NULL)
 	{
+		CHECK_FOR_INTERRUPTS();
 		if (e->score + bound >= theta)
 		{
 			bool		found;
@@ -580,18 +529,17 @@ array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype, int nterms)
 }
 
 /*
- * agentdb_accel.bm25_topk(source_id int, blocks boolean, terms text[], weights float8[], dfs bigint[],
- *                         max_tfs int[], min_dls int[], max_spans bigint[], k int, avgdl float8, k1 float8,
- *                         b float8) returns table (cid bigint, bm25 float8)
+ * agentdb_accel.bm25_topk(source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
+ *                         min_dls int[], max_spans bigint[], k int, avgdl float8, k1 float8, b float8)
+ * returns table (cid bigint, bm25 float8)
  */
 Datum
-agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
+agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	MemoryContext work;
 	MemoryContext old;
 	int32		source_id;
-	bool		blocks;
 	ArrayType  *a_terms;
 	Datum	   *terms;
 	bool	   *term_nulls;
@@ -621,19 +569,19 @@ agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
 	AccEntry   *e;
 	int64	   *ids = NULL;
 	int64		nids = 0;
+	PostingBlock	   *block;
 
-	for (i = 0; i < 12; i++)
-		if (PG_ARGISNULL(i) && (i < 2 || i > 7))
+	for (i = 0; i < 11; i++)
+		if (PG_ARGISNULL(i) && (i < 1 || i > 6))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("argument %d of agentdb_accel.bm25_topk must not be null", i + 1)));
 	InitMaterializedSRF(fcinfo, 0);
 	source_id = PG_GETARG_INT32(0);
-	blocks = PG_GETARG_BOOL(1);
-	k = PG_GETARG_INT32(8);
-	avgdl = PG_GETARG_FLOAT8(9);
-	k1 = PG_GETARG_FLOAT8(10);
-	b = PG_GETARG_FLOAT8(11);
+	k = PG_GETARG_INT32(7);
+	avgdl = PG_GETARG_FLOAT8(8);
+	k1 = PG_GETARG_FLOAT8(9);
+	b = PG_GETARG_FLOAT8(10);
 	if (k < 1 || !(avgdl > 0) || !(k1 >= 0) || !(b >= 0 && b <= 1))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -642,13 +590,13 @@ agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
 	work = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel bm25_topk", ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(work);
 
-	a_terms = array_arg(fcinfo, 2, TEXTOID, -1);
+	a_terms = array_arg(fcinfo, 1, TEXTOID, -1);
 	deconstruct_array_builtin(a_terms, TEXTOID, &terms, &term_nulls, &nterms);
-	weights = (double *) ARR_DATA_PTR(array_arg(fcinfo, 3, FLOAT8OID, nterms));
-	dfs = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 4, INT8OID, nterms));
-	max_tfs = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 5, INT4OID, nterms));
-	min_dls = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 6, INT4OID, nterms));
-	max_spans = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 7, INT8OID, nterms));
+	weights = (double *) ARR_DATA_PTR(array_arg(fcinfo, 2, FLOAT8OID, nterms));
+	dfs = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 3, INT8OID, nterms));
+	max_tfs = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 4, INT4OID, nterms));
+	min_dls = (int32 *) ARR_DATA_PTR(array_arg(fcinfo, 5, INT4OID, nterms));
+	max_spans = (int64 *) ARR_DATA_PTR(array_arg(fcinfo, 6, INT8OID, nterms));
 
 	if (nterms == 0)
 	{
@@ -657,7 +605,7 @@ agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 
-	postings_open(&p, source_id, blocks, k1 * (1 - b), k1 * b / avgdl);
+	postings_open(&p, source_id, k1 * (1 - b), k1 * b / avgdl);
 
 	/* The terms by bound, highest first; after[i], the sum of the bounds of the terms after i. */
 	qt = palloc(sizeof(QueryTerm) * nterms);
@@ -696,12 +644,15 @@ agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
 		arg.acc = acc;
 		if (nids * PROBE_SHARE < qt[j].df)
 		{
+			block = palloc(sizeof(PostingBlock));
 			for (h = 0; h < nids; h++)
 			{
 				AccEntry   *x = acc_lookup(acc, ids[h]);
 
-				x->score += probe(&p, &qt[j], ids[h]);
+				CHECK_FOR_INTERRUPTS();
+				x->score += probe(&p, &qt[j], ids[h], block);
 			}
+			pfree(block);
 		}
 		else
 			scan_term(&p, &qt[j], ids, (int) Min(nids, PG_INT32_MAX), add_to_candidates, &arg);
@@ -717,6 +668,7 @@ agentdb_accel_bm25_topk(PG_FUNCTION_ARGS)
 	acc_start_iterate(acc, &it);
 	while ((e = acc_iterate(acc, &it)) != NULL)
 	{
+		CHECK_FOR_INTERRUPTS();
 		if (e->score >= theta)
 		{
 			hits[nhits].cid = e->cid;

@@ -25,44 +25,18 @@
 -- (agentdb_internal.lexical_apply); a removal rewrites existing blocks and does all of it under the lock.
 
 -- The block postings of the named `terms` of source `source_id`, one a row (term, chunk_id, tf, dl), of the
--- chunks that the active principal (the `role` setting, as in agentdb.principal_row_filter_applies) may read:
--- nothing for anyone else, nor for a source outside its grant (its tables, its own memory stores). A block
--- holds postings of up to 128 chunks, visible or not, so principals' roles cannot read agentdb.posting_blocks
--- (migrations/0013, 0015); this SECURITY DEFINER function reads it for them and keeps a posting only when its
--- chunk passes the predicate of the principal's policy on the source table, compiled by the same
--- agentdb.principal_policy_sql ('true' for an open grant and for its own memory stores: every posting). That
--- predicate is all the row security this function can apply, so a source table with policies that are not
--- agentdb's principal policies fails closed (9002): the grant and the move to blocks refuse such tables
--- (sql/050_principals.sql, agentdb.lexical_set_layout), but a policy may be added later.
+-- chunks that the active principal may read (agentdb.principal_block_predicate, sql/050_principals.sql, says
+-- which): nothing for anyone else, nor for a source outside its grant. SECURITY DEFINER: principals' roles
+-- cannot read agentdb.posting_blocks.
 create or replace function agentdb_internal.principal_block_postings(source_id int, terms text[])
 returns table (term text, chunk_id bigint, tf int, dl int)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
-    p agentdb.principals;
-    src agentdb.sources;
-    rel text;
-    pred text;
+    v record;
 begin
-    select * into p from agentdb.principals x where x.role = current_setting('role')::name;
-    select * into src from agentdb.sources s where s.id = principal_block_postings.source_id
-                                                and s.lexical_layout = 'blocks';
-    if p.id is null or src.id is null then
+    select * into v from agentdb.principal_block_predicate(principal_block_postings.source_id);
+    if v.pred is null then
         return;
-    end if;
-    rel := format('%I.%I', src.table_schema, src.table_name);
-    if exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner = p.id) then
-        pred := 'true';
-    elsif src.name = any (p.tables) and has_any_column_privilege(p.role, rel, 'SELECT') then
-        pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
-    else
-        return;
-    end if;
-    if cardinality(agentdb.principal_foreign_policies(rel::regclass)) > 0 then
-        perform agentdb.raise_error(9002, 'DatabaseSetupError',
-            format('source %L keeps block postings and its table has row security policies that are not'
-                   ' agentdb''s, which principals'' block reads cannot apply', src.name), 'source',
-            format('drop those policies, or move the source to row postings: agentdb optimize %s --layout rows',
-                   src.name));
     end if;
     -- The source table keeps its name (no alias): the predicate refers to its columns as schema.table.column.
     return query execute format($q$
@@ -70,9 +44,9 @@ begin
         from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
               from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
         %s $q$,
-        case when pred = 'true' then ''
-             else format('join %1$s on %1$s.agentdb_chunk_id = u.first_chunk + u.off where %2$s', rel, pred) end)
-        using src.id, terms;
+        case when v.pred = 'true' then ''
+             else format('join %1$s on %1$s.agentdb_chunk_id = u.first_chunk + u.off where %2$s', v.rel, v.pred) end)
+        using principal_block_postings.source_id, terms;
 end;
 $$;
 

@@ -536,13 +536,15 @@ begin
                    else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                rel, pred, row_pred) end;
     select * into qt from agentdb_internal.query_terms(src.id, query_tsv, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
-    lexical_path := case when use_sparse then agentdb_internal.lexical_path() else 'sql' end;
+    -- The C cursor reads the block layout only; a source in rows takes the SQL path (sql/025_accel.sql).
+    lexical_path := case when use_sparse and src.lexical_layout = 'blocks' then agentdb_internal.lexical_path()
+                         else 'sql' end;
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
     elsif lexical_path = 'accel' then
         sparse_sql := format(
-            'select m.cid, m.bm25 from agentdb_internal.bm25_accel($9, %L, $2, $21, $22, $23, $24, $25, $3, $11, $12,'
-            ' $13, %L, $5, $6, $14, $17, $18) m', src.lexical_layout = 'blocks', filter_join);
+            'select m.cid, m.bm25 from agentdb_internal.bm25_accel($9, $2, $21, $22, $23, $24, $25, $3, $11, $12,'
+            ' $13, %L, $5, $6, $14, $17, $18) m', filter_join);
     elsif qt.postings <= seed_budget then
         sparse_sql := format($q$
             select s.chunk_id as cid, s.known::float8 as bm25

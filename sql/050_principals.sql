@@ -21,9 +21,10 @@
 --     them, and its results would tell as much;
 --   * of a source kept in blocks (agentdb.posting_blocks, whose rows hold postings of up to 128 chunks, some
 --     of which it may not read) no block at all (a restrictive policy, migrations/0013): the postings of
---     the chunks it may read come one a row from agentdb_internal.principal_block_postings (SECURITY
---     DEFINER), which applies the predicate of its policy on the source table (principal_policy_sql, the
---     same compiler). That is the only row security it can apply, so a block source whose table has other
+--     the chunks it may read come one a row from agentdb_internal.principal_block_postings, and the C
+--     cursor's best chunks it may read from agentdb_internal.principal_bm25_topk (both SECURITY DEFINER),
+--     which apply the predicate of its policy on the source table (agentdb.principal_block_predicate, from
+--     principal_policy_sql, the same compiler). That is the only row security they can apply, so a block source whose table has other
 --     policies (agentdb.principal_foreign_policies) is not granted, a source read by principals with such
 --     policies does not move to blocks, and a policy added later makes the principal's lexical reads of the
 --     source fail (9002) rather than show more than its rows;
@@ -221,6 +222,49 @@ select field is null or not exists (
       and p.fields is not null and not field = any (p.fields))
 $$;
 
+-- What the active principal (the `role` setting, as in agentdb.principal_row_filter_applies) may read of the
+-- block postings of source `source_id`: `rel`, the source table (schema.table, quoted), and `pred`, the
+-- predicate of the principal's policy on it over that table's name, compiled by agentdb.principal_policy_sql
+-- ('true' for an open grant and for its own memory stores: every chunk). Both null, nothing, for anyone else,
+-- for a source outside its grant, or one not in the block layout. A block holds postings of up to 128 chunks,
+-- visible or not, so principals' roles cannot read agentdb.posting_blocks (migrations/0013, 0015): their
+-- readers (agentdb_internal.principal_block_postings for the SQL path, agentdb_internal.principal_bm25_topk
+-- for the C cursor) read blocks with their owner's rights and keep a chunk only when it passes this
+-- predicate. That is all the row security they can apply, so a source table with policies that are not
+-- agentdb's principal policies fails closed (9002): the grant and the move to blocks refuse such tables
+-- (principal_grant below, agentdb.lexical_set_layout), but a policy may be added later. SECURITY DEFINER over
+-- agentdb.principals; it tells the caller about its own policy only.
+create or replace function agentdb.principal_block_predicate(source_id int, out rel text, out pred text)
+language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
+declare
+    p agentdb.principals;
+    src agentdb.sources;
+begin
+    select * into p from agentdb.principals x where x.role = current_setting('role')::name;
+    select * into src from agentdb.sources s where s.id = principal_block_predicate.source_id
+                                                and s.lexical_layout = 'blocks';
+    if p.id is null or src.id is null then
+        return;
+    end if;
+    rel := format('%I.%I', src.table_schema, src.table_name);
+    if exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner = p.id) then
+        pred := 'true';
+    elsif src.name = any (p.tables) and has_any_column_privilege(p.role, rel, 'SELECT') then
+        pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
+    else
+        rel := null;
+        return;
+    end if;
+    if cardinality(agentdb.principal_foreign_policies(rel::regclass)) > 0 then
+        perform agentdb.raise_error(9002, 'DatabaseSetupError',
+            format('source %L keeps block postings and its table has row security policies that are not'
+                   ' agentdb''s, which principals'' block reads cannot apply', src.name), 'source',
+            format('drop those policies, or move the source to row postings: agentdb optimize %s --layout rows',
+                   src.name));
+    end if;
+end;
+$$;
+
 -- The term statistics of the named `terms` of source `source_id` (rows of agentdb.term_stats), for a
 -- principal's role, which cannot read agentdb.term_stats itself: a lookup and never a listing, so the role
 -- learns the document frequency of a term it names (as scores would tell it) but not the vocabulary of rows
@@ -238,9 +282,10 @@ $$;
 
 -- The names of the row security policies on table `rel` that are not agentdb's principal policies (those that
 -- principal_grant creates: agentdb_p_<id>, _insert and _delete of an existing principal, to its role alone).
--- Principals read block postings through agentdb_internal.principal_block_postings, which applies their own
--- policy's predicate and cannot apply any other policy (one that reads current_user, say, would see the
--- function's owner), so a source with such policies is not read in blocks by principals.
+-- Principals read block postings through agentdb_internal.principal_block_postings and
+-- agentdb_internal.principal_bm25_topk, which apply their own policy's predicate and cannot apply any other
+-- policy (one that reads current_user, say, would see the function's owner), so a source with such policies
+-- is not read in blocks by principals.
 create or replace function agentdb.principal_foreign_policies(rel regclass) returns text[]
 language sql stable as $$
 select coalesce(array_agg(x.polname::text order by x.polname), '{}')

@@ -1,12 +1,14 @@
 """The accelerator (ext/, agentdb/db/accel.py, sql/025_accel.sql): built and loaded by the embedded server's start,
 its lexical leg returns what the plain SQL path returns (the same chunks in the same order, scores to 1e-9), for
-lexical, hybrid RRF and convex, and group_by_doc, with filters, in both layouts, through random inserts,
-updates, deletes and merges; a principal's role takes the SQL path and cannot call the cursor itself; and
-AGENTDB_LEXICAL_PATH=sql forces the SQL path.
+lexical, hybrid RRF and convex, and group_by_doc, with filters, for the application and under a principal's role
+with a row filter, through random inserts, updates, deletes and merges; a source in the row layout takes the
+SQL path; a principal reaches the cursor only through its policy wrapper; and AGENTDB_LEXICAL_PATH=sql forces
+the SQL path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from agentdb.auth import create_principal, delete_principal, principal_scope
+from agentdb.auth import create_principal, principal_scope
 from agentdb.db import accel
 from agentdb.retrieval import retrieve
 from agentdb.sources import create_document_source, optimize_source
@@ -27,7 +29,9 @@ from tests.filter_oracle import filters
 from tests.test_blocks import DIM, FIELD_DICTS, FIELDS, TWINS, WORDS, _copy, _random_write, _rows
 
 PATHS = ("sql", "accel")
-CALL = "select * from agentdb_accel.bm25_topk(1, true, '{w0x}', '{1}', '{1}', '{1}', '{1}', '{0}', 10, 1, 1.2, 0.75)"
+CALL = (
+    "select * from agentdb_accel.bm25_topk(1, '{w0x}', '{1}', '{1}', '{1}', '{1}', '{0}', 10, 1, 1.2, 0.75)"
+)
 
 
 def _on(conn: psycopg.Connection[Any], path: str) -> None:
@@ -44,6 +48,11 @@ def assert_same(
     """The same hits in the same order with the same lexical ranks, scores to 1e-9."""
     assert [(d, c, r) for d, c, _, r in got] == [(d, c, r) for d, c, _, r in want]
     assert [s for *_, s, _ in got] == pytest.approx([s for *_, s, _ in want], abs=1e-9)
+
+
+def _served(name: str, path: str) -> str:
+    """The path that serves source `name` when `path` is asked for: the cursor reads the block layout only."""
+    return path if name == "blk" else "sql"
 
 
 @pytest.fixture
@@ -71,16 +80,26 @@ def test_the_embedded_server_serves_the_accelerated_path(conn: psycopg.Connectio
         got = retrieve(conn, "blk", WORDS[0], mode="lexical")
         assert got.diagnostics["parameters"]["lexical_path"] == path
         assert got.hits
+    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM)
+    _copy(conn, _rows(random.Random(1), 20), names=("rws",))
+    _on(conn, "accel")
+    assert retrieve(conn, "rws", WORDS[0], mode="lexical").diagnostics["parameters"]["lexical_path"] == "sql"
+
+
+@pytest.fixture
+def reader(conn: psycopg.Connection[Any], drop_principals: None) -> Any:
+    """A principal granted both twins with a row filter that hides some of their chunks."""
+    return create_principal(conn, "reader", tables=list(TWINS), row_filter={"year": {"$gte": 3}})[0]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_both_paths_answer_alike(
-    conn: psycopg.Connection[Any], corpus: random.Random, data: st.DataObject
+    conn: psycopg.Connection[Any], corpus: random.Random, reader: Any, data: st.DataObject
 ) -> None:
     """After each random write (insert, update, delete, merge), both layouts' lexical, hybrid (RRF and convex)
-    and group_by_doc answers, with and without a filter, at top 10 and at a deep page, are the same on both
-    paths."""
+    and group_by_doc answers, with and without a filter, at top 10 and at a deep page, for the application
+    and under the principal's role, are the same on both paths."""
     rng = corpus
     if _random_write(conn, rng, data) == "optimize":
         optimize_source(conn, "blk")
@@ -97,38 +116,53 @@ def test_both_paths_answer_alike(
         {"mode": "hybrid", "query_embedding": v, "threshold": 0.0, "fusion": "convex", "alpha": 0.3},
         {"mode": "hybrid", "query_embedding": v, "threshold": 0.0, "group_by_doc": True},
     ]
+    as_reader = data.draw(st.booleans(), label="as the principal")
     for name in TWINS:
         for ask in asks:
             answers = {}
             for path in PATHS:
-                _on(conn, path)
-                result = retrieve(conn, name, query, filter=filt, top_k=top_k, **ask)
-                assert result.diagnostics["parameters"]["lexical_path"] == path
+                with principal_scope(conn, reader) if as_reader else contextlib.nullcontext(conn) as c:
+                    _on(c, path)
+                    result = retrieve(c, name, query, filter=filt, top_k=top_k, **ask)
+                assert result.diagnostics["parameters"]["lexical_path"] == _served(name, path)
                 answers[path] = _answer(result)
             assert_same(answers["accel"], answers["sql"])
 
 
-def test_a_principal_takes_the_sql_path_and_cannot_call_the_cursor(
-    conn: psycopg.Connection[Any], corpus: random.Random, drop_principals: None
+def test_a_principal_reaches_the_cursor_only_through_its_policy(
+    conn: psycopg.Connection[Any], corpus: random.Random, reader: Any
 ) -> None:
-    """The cursor reads every chunk's postings, so a principal's role (row security) is served by the SQL
-    path, and calling the C function itself is refused."""
-    reader, _ = create_principal(conn, "reader", tables=list(TWINS), row_filter={"year": {"$gte": 3}})
-    try:
-        with principal_scope(conn, reader) as scoped:
-            got = retrieve(scoped, "blk", " ".join(WORDS[:3]), mode="lexical")
-            assert got.diagnostics["parameters"]["lexical_path"] == "sql"
-            assert scoped.execute("select agentdb_internal.lexical_path()").fetchone() == ("sql",)
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                scoped.execute(CALL)
-        # Even granted the function, the role is refused: it may not read the blocks, whose row security
-        # the cursor could not apply.
-        conn.execute(sql.SQL("grant usage on schema agentdb_accel to {}").format(sql.Identifier(reader.role)))
-        conn.execute(
-            sql.SQL("grant execute on all functions in schema agentdb_accel to {}").format(
-                sql.Identifier(reader.role)
-            )
+    """A principal's role takes the accelerated path through agentdb_internal.principal_bm25_topk, which keeps
+    the chunks its policy lets it read (none of a source outside its grant); calling the C function itself is
+    refused, and even granted it, the role is refused the blocks, whose row security the cursor cannot apply."""
+    query = " ".join(WORDS[:3])
+    _on(conn, "accel")
+    everyone = {(h.id, h.chunk) for h in retrieve(conn, "blk", query, mode="lexical", top_k=1000).hits}
+    with principal_scope(conn, reader) as scoped:
+        _on(scoped, "accel")
+        got = retrieve(scoped, "blk", query, mode="lexical", top_k=1000)
+        assert got.diagnostics["parameters"]["lexical_path"] == "accel"
+        seen = {(h.id, h.chunk) for h in got.hits}
+        assert seen and seen < everyone
+        # Called directly, with any arguments, the wrapper returns only chunks the role can read.
+        (returned, hidden) = scoped.execute(
+            "select count(*), count(*) filter (where not exists"
+            "   (select 1 from agentdb_docs.blk c where c.agentdb_chunk_id = t.cid))"
+            " from agentdb_internal.principal_bm25_topk((select id from agentdb.sources where name = 'blk'),"
+            "  tsvector_to_array(to_tsvector('english', %s)), '{1,1,1}', '{1,1,1}', '{1,1,1}', '{1,1,1}',"
+            "  '{1000000,1000000,1000000}', 1000, 10, 1.2, 0.75) t",
+            (query,),
+        ).fetchone() or (0, 0)
+        assert returned == len(seen) and hidden == 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            scoped.execute(CALL)
+    conn.execute(sql.SQL("grant usage on schema agentdb_accel to {}").format(sql.Identifier(reader.role)))
+    conn.execute(
+        sql.SQL("grant execute on all functions in schema agentdb_accel to {}").format(
+            sql.Identifier(reader.role)
         )
+    )
+    try:
         with principal_scope(conn, reader) as scoped:
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="posting_blocks"):
                 scoped.execute(CALL)
@@ -136,7 +170,15 @@ def test_a_principal_takes_the_sql_path_and_cannot_call_the_cursor(
         role = sql.Identifier(reader.role)
         conn.execute(sql.SQL("revoke all on all functions in schema agentdb_accel from {}").format(role))
         conn.execute(sql.SQL("revoke all on schema agentdb_accel from {}").format(role))
-        delete_principal(conn, reader.name)
+    other, _ = create_principal(conn, "other", tables=["rws"])
+    with principal_scope(conn, other) as scoped:
+        (n,) = scoped.execute(
+            "select count(*) from agentdb_internal.principal_bm25_topk("
+            " (select id from agentdb.sources where name = 'blk'), %s, '{1}', '{1}', '{1}', '{1}', '{1000000}',"
+            " 10, 10, 1.2, 0.75)",
+            (WORDS[:1],),
+        ).fetchone() or (0,)
+        assert n == 0
 
 
 def test_forcing_the_sql_path_and_no_compiler(

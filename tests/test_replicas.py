@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from agentdb.api import create_app
 from agentdb.auth import create_principal, delete_principal
 from agentdb.config import Settings
+from agentdb.db import accel
 from agentdb.db.pool import configure
 from agentdb.db.replicas import redact
 from agentdb.db.server import stop_embedded
@@ -143,6 +144,24 @@ def test_the_sql_door_answers_the_same_on_every_replica(cluster: Cluster) -> Non
         with psycopg.connect(url, autocommit=True) as conn:
             answers.append([conn.execute(statement, (text,)).fetchall() for text in WORDS])
     assert all(answers[0]) and answers[1] == answers[0] and answers[2] == answers[0]
+
+
+def test_each_standby_loads_the_accelerator_from_its_own_build(cluster: Cluster) -> None:
+    """The base backup copies the primary's agentdb-accel.conf; each standby rewrites it to its own build."""
+    primary_build = str(cluster.data_dir / "pg" / accel.BUILD_DIR)
+    standbys = list_standbys(cluster.data_dir)
+    assert len(standbys) == len(cluster.replicas)
+    for standby, url in zip(standbys, cluster.replicas, strict=True):
+        own = str(standby.pgdata / accel.BUILD_DIR)
+        conf = (standby.pgdata / accel.CONF_FILE).read_text()
+        assert own in conf and primary_build not in conf
+        with psycopg.connect(url) as conn:
+            (path,) = conn.execute("show dynamic_library_path").fetchone() or ("",)
+            assert path.startswith(f"$libdir:{own}/")
+            assert conn.execute("select agentdb_internal.lexical_path()").fetchone() == ("accel",)
+            # The call loads the library from that path.
+            call = "select count(*) from agentdb_accel.bm25_topk(1, '{}', '{}', '{}', '{}', '{}', '{}', 10, 1, 1.2, 0.75)"
+            assert conn.execute(call).fetchone() == (0,)
 
 
 def test_a_bad_lsn_or_consistency_is_a_clear_error(client: TestClient) -> None:

@@ -38,7 +38,7 @@ from navigation import (
     tool_definitions,
 )
 
-# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/README.md): the bonus a document of rank r
+# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/LOG.md): the bonus a document of rank r
 # (from 0) in the seed search keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1], over the search run
 # PRIOR_DEPTH times the query's limit deep (the seed hits first); the weight of a section's page in its
 # relevance (navigation.ContextScorer); with a links index, the link targets an expansion offers; the answer's

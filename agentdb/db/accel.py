@@ -34,7 +34,8 @@ from agentdb.resources import EXT, resource
 log = logging.getLogger(__name__)
 
 EXTENSION = "agentdb_accel"
-SOURCES = ("Makefile", f"{EXTENSION}.c", f"{EXTENSION}.control", f"{EXTENSION}--1.0.sql")
+SCRIPTS = (f"{EXTENSION}--1.1.sql", f"{EXTENSION}--1.0--1.1.sql")  # the install script, and 1.0's update
+SOURCES = ("Makefile", f"{EXTENSION}.c", f"{EXTENSION}.control", *SCRIPTS)
 BUILD_DIR = "agentdb_accel"  # inside pgdata: the server's user can read it, and base backups carry it
 CONF_FILE = "agentdb-accel.conf"
 _INCLUDE = f"include_if_exists = '{CONF_FILE}'"
@@ -112,7 +113,7 @@ def compile_into(pg_config: Path, target: Path) -> Built:
         (built.share / "extension").mkdir(parents=True)
         built.lib.mkdir()
         shutil.copyfile(src / f"{EXTENSION}.so", built.lib / f"{EXTENSION}.so")
-        for name in (f"{EXTENSION}.control", f"{EXTENSION}--1.0.sql"):
+        for name in (f"{EXTENSION}.control", *SCRIPTS):
             shutil.copyfile(src / name, built.share / "extension" / name)
     for path in [target, *target.rglob("*")]:
         path.chmod(0o755 if path.is_dir() or path.suffix == ".so" else 0o644)
@@ -227,6 +228,7 @@ def install(url: str) -> str:
                 say_once("the server offers no agentdb_accel extension")
                 return "sql"
             conn.execute(sql.SQL("create extension if not exists {}").format(sql.Identifier(EXTENSION)))
+            conn.execute(sql.SQL("alter extension {} update").format(sql.Identifier(EXTENSION)))
             if conn.execute("select to_regprocedure('agentdb_internal.lexical_path()')").fetchone() == (
                 None,
             ):

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import psycopg
 
+from agentdb.db import accel
 from agentdb.db.server import (
     DATABASE_NAME,
     HANDLES_FILE,
     Postmaster,
+    _never_started,
     failure_reason,
     give_to_server_user,
     read_postmaster,
@@ -158,6 +160,9 @@ def start_standby(data_dir: Path, number: int) -> Standby:
     if not (pgdata / "PG_VERSION").exists():
         log.info("making standby %s of %s", number, data_dir)
         _make(primary, standby)
+    # The copy's agentdb-accel.conf names the primary's build of the accelerator, in the primary's directory:
+    # point it at the standby's own (the base backup carries the build; compiled here when it is missing).
+    accel.prepare_embedded(pgdata, Path(_never_started().bin_path))
     sockets = _socket_dir(pgdata, standby.port)
     if sockets != pgdata:
         sockets.mkdir(exist_ok=True)
