@@ -233,30 +233,76 @@ def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | No
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
         for text, vector, where in queries:
-            for mode in ("lexical", "dense", "hybrid"):
+            for mode, fusion in (
+                ("lexical", "rrf"),
+                ("dense", "rrf"),
+                ("hybrid", "rrf"),
+                ("hybrid", "convex"),
+            ):
                 rows.append(
                     conn.execute(
                         "select id, chunk, rank, score, distance, bm25_score from agentdb.search("
                         "'equal', %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
-                        " filter => %s)",
-                        (text, str(vector), mode, Jsonb(where) if where else None),
+                        " filter => %s, fusion => %s)",
+                        (text, str(vector), mode, Jsonb(where) if where else None, fusion),
                     ).fetchall()
                 )
     return rows
 
 
-def test_agentdb_on_the_coordinator_answers_as_one_node(
+def _statistics(url: str) -> tuple[Any, ...]:
+    """A source's BM25 statistics and the check of its lexical index against its rows."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return (
+            conn.execute(
+                "select n_chunks, total_len from agentdb.corpus_stats c join agentdb.sources s on s.id = c.source_id"
+                " where s.name = 'equal'"
+            ).fetchall(),
+            conn.execute(
+                "select term, df from agentdb.term_stats t join agentdb.sources s on s.id = t.source_id"
+                " where s.name = 'equal' order by term"
+            ).fetchall(),
+            conn.execute("select * from agentdb.lexical_check('equal')").fetchall(),
+        )
+
+
+def test_a_distributed_source_answers_as_one_node(
     citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ingest and search (lexical, dense, hybrid; with and without a filter) on the coordinator of a running
-    cluster give one node's hits, ranks and scores. agentdb's tables are not distributed yet: this checks that
-    Citus loaded on the coordinator, with workers registered, changes no answer."""
-    corpus = tmp_path / "equal.jsonl"
+    """On the coordinator a new source is distributed by document id over the workers, its postings
+    co-located, and its statistics kept by the writer in the writing transaction: after an ingest and a
+    re-ingest that replaces a quarter of the documents, the statistics equal one node's and the lexical index
+    its rows; search (lexical, dense, hybrid RRF and convex; with and without a filter) gives one node's hits,
+    ranks and scores (each shard's best candidates of each leg merged by raw score, fused once)."""
+    corpus, changed = tmp_path / "equal.jsonl", tmp_path / "changed.jsonl"
     vectors = _random_corpus(corpus, seed=11)
+    _random_corpus(changed, seed=12, count=20)  # d0..d19 again, with other texts and vectors
     coordinator = _coordinator_url(citus_cluster)
     for url in (coordinator, db_url):
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["ingest", "equal", str(corpus)]) == 0
+        assert main(["ingest", "equal", str(changed)]) == 0
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        placed = conn.execute(
+            "select s.logicalrelid::regclass::text, count(distinct p.groupid)"
+            " from pg_dist_shard s join pg_dist_placement p using (shardid)"
+            " where s.logicalrelid in ('agentdb_docs.equal'::regclass, 'agentdb.postings'::regclass)"
+            " group by 1 order by 1"
+        ).fetchall()
+        assert placed == [("agentdb.postings", 2), ("agentdb_docs.equal", 2)]  # on both workers
+        colocated = conn.execute(
+            "select count(distinct colocationid) from pg_dist_partition"
+            " where logicalrelid in ('agentdb_docs.equal'::regclass, 'agentdb.postings'::regclass)"
+        ).fetchone()
+        assert colocated == (1,)
+        triggers = conn.execute(
+            "select count(*) from pg_trigger where tgrelid = 'agentdb_docs.equal'::regclass"
+            " and tgname like 'agentdb%'"
+        ).fetchone()
+        assert triggers == (0,)
+    cluster_stats, one_node_stats = _statistics(coordinator), _statistics(db_url)
+    assert cluster_stats == one_node_stats
+    assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
     queries = [
         ("alpha beta", vectors[0], None),
         ("gamma", vectors[1], {"team": {"$eq": "t1"}}),
