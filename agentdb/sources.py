@@ -205,11 +205,12 @@ def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
-        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout)"
+        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout,"
+        " distributed)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s) returning id",
-        {"lexical_layout": "rows", **values},
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s) returning id",
+        {"lexical_layout": "rows", "distributed": False, **values},
     ).fetchone()
     assert row is not None
     conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
@@ -265,6 +266,7 @@ def create_document_source(
                 "chunk_size": chunk_size,
                 "chunk_overlap": chunk_overlap,
                 "lexical_layout": lexical_layout,
+                "distributed": on_citus(conn),
             },
         )
         source = get_source(conn, name)
@@ -283,9 +285,8 @@ def create_document_source(
         )
         _store_rows_inline(conn, source)
         _create_indexes(conn, source, metadata=True)
-        if on_citus(conn):
+        if source.distributed:
             distribute_source(conn, source)
-            source = source.model_copy(update={"distributed": True})
         else:
             _install_triggers(conn, source)
         assert source.id == source_id
@@ -419,6 +420,14 @@ def register_table(
     Rows already in the table are indexed for BM25 at once; their embeddings are filled by `embed_missing`.
     """
     check_source_name(name)
+    if on_citus(conn):
+        # Its table is the user's, with their keys: not distributed by agentdb, and a local table's triggers
+        # cannot write the distributed postings (agentdb/db/distribute.py).
+        raise InvalidParamValue(
+            "registering an existing table is not supported on a Citus coordinator yet: ingest its rows into"
+            " a document source, which is distributed",
+            path="table",
+        )
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
     if "agentdb_tsv" in columns:
         # Registering the same table under the same name again is a no-op; anything else is a conflict.
