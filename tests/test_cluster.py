@@ -30,7 +30,8 @@ from agentdb.db.distribute import CATALOG
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
-from agentdb.errors import DatabaseSetupError
+from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.sources import create_document_source
 
 
 def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -291,9 +292,8 @@ def test_a_distributed_source_answers_as_one_node(
 ) -> None:
     """On the coordinator the catalog and the BM25 statistics are reference tables and a new source is
     distributed by document id over the workers, its postings co-located, its statistics kept by the writer
-    in the writing transaction: after an ingest and a
-    re-ingest that replaces a quarter of the documents, the statistics equal one node's and the lexical index
-    its rows; search (lexical, dense, hybrid RRF and convex; with and without a filter) gives one node's hits,
+    in the writing transaction: after an ingest and a re-ingest that replaces a quarter of the documents, the
+    statistics equal one node's and the lexical index its rows; search (lexical, dense, hybrid RRF and convex; with and without a filter) gives one node's hits,
     ranks and scores (each shard's best candidates of each leg merged by raw score, fused once)."""
     corpus, changed = tmp_path / "equal.jsonl", tmp_path / "changed.jsonl"
     vectors = _random_corpus(corpus, seed=11)
@@ -328,6 +328,14 @@ def test_a_distributed_source_answers_as_one_node(
             " and tgname like 'agentdb%'"
         ).fetchone()
         assert triggers == (0,)
+        # A distributed source keeps row postings (a block spans documents on many shards); nothing is made.
+        configure(conn)
+        with pytest.raises(InvalidParamValue, match="keeps its postings in rows") as refused:
+            create_document_source(
+                conn, "blocky", embedding_model="m", embedding_dim=4, lexical_layout="blocks"
+            )
+        assert refused.value.path == "lexical_layout"
+        assert conn.execute("select to_regclass('agentdb_docs.blocky')").fetchone() == (None,)
     cluster_stats, one_node_stats = _statistics(coordinator), _statistics(db_url)
     assert cluster_stats == one_node_stats
     assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
