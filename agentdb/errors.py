@@ -176,6 +176,14 @@ def from_db_error(exc: Exception) -> AgentDBError | None:
         return Conflict(f"already exists: {diag.message_primary}", hint="use another name, or retry")
     if state[:2] == "23" and diag is not None:  # another integrity rule of the catalog
         return InvalidParamValue(f"the request breaks a rule of the database: {diag.message_primary}")
+    remote = "connection to the remote node "
+    if state == "08006" and diag is not None and (diag.message_primary or "").startswith(remote):
+        # A Citus worker that the statement needs is down: the statement failed whole, naming the node.
+        node = (diag.message_primary or "").removeprefix(remote).split(" failed", 1)[0]
+        return DatabaseUnavailable(
+            f"a node of the database cluster is unavailable: {node}",
+            hint="start it again (agentdb start --workers N), then retry",
+        )
     if diag is None or state != DB_ERROR_SQLSTATE:
         return None
     try:

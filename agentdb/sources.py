@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentdb.db.distribute import distribute_source, on_citus
 from agentdb.errors import InvalidParamValue, StorageContentError, StorageFileNotFound, StorageKindMismatch
 
 SOURCE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -121,6 +122,9 @@ class Source(BaseModel):
     # blocks of up to 128 chunks per term (compact, faster to load and search; principals read a block
     # source through a function that keeps the postings of their chunks, sql/020_lexical.sql).
     lexical_layout: Literal["rows", "blocks"] = "rows"
+    # Distributed by Citus (agentdb/db/distribute.py): its table has no triggers, and its writers maintain its
+    # lexical index and statistics (write_lexical).
+    distributed: bool = False
 
     def field(self, name: str) -> FieldSpec | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -145,7 +149,7 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
     " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
-    " embedding_backends, lexical_layout"
+    " embedding_backends, lexical_layout, distributed"
     " from agentdb.sources"
 )
 
@@ -201,11 +205,12 @@ def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
-        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout)"
+        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout,"
+        " distributed)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s) returning id",
-        {"lexical_layout": "rows", **values},
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s) returning id",
+        {"lexical_layout": "rows", "distributed": False, **values},
     ).fetchone()
     assert row is not None
     conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
@@ -261,6 +266,7 @@ def create_document_source(
                 "chunk_size": chunk_size,
                 "chunk_overlap": chunk_overlap,
                 "lexical_layout": lexical_layout,
+                "distributed": on_citus(conn),
             },
         )
         source = get_source(conn, name)
@@ -279,9 +285,22 @@ def create_document_source(
         )
         _store_rows_inline(conn, source)
         _create_indexes(conn, source, metadata=True)
-        _install_triggers(conn, source)
+        if source.distributed:
+            distribute_source(conn, source)
+        else:
+            _install_triggers(conn, source)
         assert source.id == source_id
     return source
+
+
+def write_lexical(
+    conn: psycopg.Connection[Any], source: Source, op: Literal["add", "remove"], doc_ids: list[str]
+) -> None:
+    """The lexical triggers' work for a distributed source (nothing for any other, whose triggers do it): its
+    postings and statistics for documents `doc_ids`, 'add' after their chunks are written, 'remove' before
+    they are deleted, in the caller's transaction (agentdb_internal.lexical_write)."""
+    if source.distributed and doc_ids:
+        conn.execute("select agentdb_internal.lexical_write(%s, %s, %s)", (source.id, op, doc_ids))
 
 
 def _store_rows_inline(conn: psycopg.Connection[Any], source: Source) -> None:
@@ -401,6 +420,14 @@ def register_table(
     Rows already in the table are indexed for BM25 at once; their embeddings are filled by `embed_missing`.
     """
     check_source_name(name)
+    if on_citus(conn):
+        # Its table is the user's, with their keys: not distributed by agentdb, and a local table's triggers
+        # cannot write the distributed postings (agentdb/db/distribute.py).
+        raise InvalidParamValue(
+            "registering an existing table is not supported on a Citus coordinator yet: ingest its rows into"
+            " a document source, which is distributed",
+            path="table",
+        )
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
     if "agentdb_tsv" in columns:
         # Registering the same table under the same name again is a no-op; anything else is a conflict.
@@ -535,6 +562,8 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
     with conn.transaction():
         if source.kind == "documents":
             conn.execute(sql.SQL("drop table {}").format(source.table))
+            if source.distributed:  # its postings do not reference the catalog (agentdb/db/distribute.py)
+                conn.execute("delete from agentdb.postings where source_id = %s", (source.id,))
         else:
             for trigger in (
                 "agentdb_lex_insert",

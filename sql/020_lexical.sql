@@ -136,23 +136,26 @@ $$;
 -- `sorted` cuts blocks in chunk order (agentdb_internal.block_sql): a rebuild's, because a table is not read
 -- in chunk order (a row goes to whichever page has room for it), and one row out of place widens its block's
 -- chunk range, hence its term's max_span and so the blocks every lookup of the term reads.
-create or replace function agentdb.lexical_add_sql(rel text, layout text, sorted boolean default false) returns text
+-- `doc_key` names the column of `rel` whose value each posting carries as its doc_id (a distributed source's
+-- document id, the distribution column of its postings: agentdb_internal.lexical_write); null for none.
+create or replace function agentdb.lexical_add_sql(rel text, layout text, sorted boolean default false,
+                                                   doc_key text default null) returns text
 language sql immutable as $$
 select case when layout = 'rows' then format($q$
     with entries as (
-        select n.agentdb_chunk_id as chunk_id, t.lexeme as term,
+        select n.agentdb_chunk_id as chunk_id, %3$s as doc_id, t.lexeme as term,
                coalesce(cardinality(t.positions), 1) as tf
         from %1$s n cross join lateral unnest(n.agentdb_tsv) as t
     ), lengths as (
         select chunk_id, sum(tf)::int as dl from entries group by chunk_id
     ), ins as (
-        insert into agentdb.postings (source_id, term, chunk_id, tf, dl)
-        select $1, e.term, e.chunk_id, e.tf, l.dl from entries e join lengths l using (chunk_id)
+        insert into agentdb.postings (source_id, term, chunk_id, tf, dl, doc_id)
+        select $1, e.term, e.chunk_id, e.tf, l.dl, e.doc_id from entries e join lengths l using (chunk_id)
         returning term, tf, dl
     ), term_delta as (
         select term, count(*) as df, max(tf) as max_tf, min(dl) as min_dl, 0::bigint as max_span
         from ins group by term
-    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel))
+    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel), coalesce('n.' || quote_ident(doc_key), 'null::text'))
     else format($q$
     -- each chunk's length once, for its postings and for the total (a second pass over the tsvectors for the
     -- total took about 45 us a chunk, a sixth of the statement)
@@ -217,8 +220,11 @@ $$;
 
 -- The statements that remove the postings and statistics of the rows of relation `rel` from a source of
 -- layout `layout`; $1 is the source id. Blocks that held a removed chunk are rewritten without it (their
--- bounds recomputed; an emptied block goes); the term bounds stay (still valid, maybe loose).
-create or replace function agentdb.lexical_remove_sql(rel text, layout text) returns text[]
+-- bounds recomputed; an emptied block goes); the term bounds stay (still valid, maybe loose). With `doc_key`
+-- (as in agentdb.lexical_add_sql) a posting is matched by its document too: on a distributed source that is
+-- the join of co-located shards.
+create or replace function agentdb.lexical_remove_sql(rel text, layout text, doc_key text default null)
+returns text[]
 language sql immutable as $$
 select array[
     format($q$
@@ -235,13 +241,13 @@ select array[
     with gone as (
         delete from agentdb.postings p
         using %s o cross join lateral unnest(o.agentdb_tsv) as t
-        where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
+        where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id%s
         returning p.term
     )
     update agentdb.term_stats s set df = s.df - g.n
     from (select term, count(*) as n from gone group by term order by term) g
     where s.source_id = $1 and s.term = g.term
-    $q$, rel)
+    $q$, rel, ' and p.doc_id = o.' || quote_ident(doc_key))
     else format($q$
     with gone as materialized (
         select o.agentdb_chunk_id as chunk_id, t.lexeme as term from %s o cross join lateral unnest(o.agentdb_tsv) as t
@@ -306,6 +312,34 @@ begin
 end;
 $$;
 
+-- The lexical triggers' work, done by the writer of a source whose table cannot have triggers (a table
+-- distributed by Citus: agentdb/db/distribute.py): op 'add' after the writer inserted the chunks of documents
+-- `doc_ids`, 'remove' before it deletes them. The same statements as the triggers (agentdb.lexical_add_sql,
+-- agentdb.lexical_remove_sql, agentdb_internal.lexical_apply), over those documents' rows instead of a
+-- transition table, in the writer's transaction: the statistics (agentdb.term_stats, agentdb.corpus_stats, one
+-- copy for the whole source) change with the rows, all or nothing (across the nodes, a two-phase commit).
+create or replace function agentdb_internal.lexical_write(source_id int, op text, doc_ids text[]) returns void
+language plpgsql as $$
+declare
+    src agentdb.sources;
+    rel text;
+    layout text := agentdb_internal.lexical_layout_for_write(lexical_write.source_id);
+    stmt text;
+    delta agentdb_internal.lexical_delta;
+begin
+    select * into strict src from agentdb.sources s where s.id = lexical_write.source_id;
+    rel := format('(select * from %I.%I r where r.doc_id = any ($2))', src.table_schema, src.table_name);
+    if op = 'remove' then
+        foreach stmt in array agentdb.lexical_remove_sql(rel, layout, 'doc_id') loop
+            execute stmt using src.id, doc_ids;
+        end loop;
+    else
+        execute agentdb.lexical_add_sql(rel, layout, false, 'doc_id') into delta using src.id, doc_ids;
+        perform agentdb_internal.lexical_apply(src.id, delta);
+    end if;
+end;
+$$;
+
 -- TRUNCATE of a source table empties its lexical index too.
 create or replace function agentdb.lexical_truncate() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
@@ -341,7 +375,8 @@ begin
     delete from agentdb.postings where source_id = src.id;
     delete from agentdb.posting_blocks where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
-    execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout, true)
+    execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout, true,
+                                    case when src.distributed then 'doc_id' end)
         into delta using src.id;
     perform agentdb_internal.lexical_apply(src.id, delta);
 end;

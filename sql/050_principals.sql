@@ -598,8 +598,16 @@ begin
 end;
 $$;
 
-create or replace trigger principals_release_source after delete on agentdb.sources
-for each row execute function agentdb.principal_release_source();
+-- Not on a Citus coordinator, whose catalog is reference tables, which cannot have triggers
+-- (agentdb/db/distribute.py).
+do $$
+begin
+    if not exists (select 1 from pg_extension where extname = 'citus') then
+        create or replace trigger principals_release_source after delete on agentdb.sources
+        for each row execute function agentdb.principal_release_source();
+    end if;
+end;
+$$;
 
 -- Principals installed before the grants above (install_version < 2: table-wide SELECT on their sources, all
 -- postings of a source, the whole of agentdb.term_stats) are re-installed. migrate re-applies this file after

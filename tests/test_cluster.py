@@ -26,10 +26,12 @@ from agentdb.cli import main
 from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
 from agentdb.db.cluster import list_workers, stop_worker
+from agentdb.db.distribute import CATALOG
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
-from agentdb.errors import DatabaseSetupError
+from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.sources import create_document_source
 
 
 def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -116,31 +118,50 @@ def _start_again(data_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_crashed_worker_is_named_and_start_brings_it_back(
-    citus_cluster: Path, capsys: pytest.CaptureFixture[str]
+    citus_cluster: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A worker crashed under a distributed source: a statement needing its shards fails whole, naming the
+    node; a retrieval over HTTP answers 503 DatabaseUnavailable naming it, never a partial page; `agentdb
+    status` marks it stopped and `/healthz` answers; `agentdb start --workers 2` brings it back with the same
+    answer as before."""
     url = _coordinator_url(citus_cluster)
+    corpus = tmp_path / "crash.jsonl"
+    _random_corpus(corpus, seed=5, count=30)
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert main(["ingest", "crash", str(corpus)]) == 0
+    monkeypatch.delenv("DATABASE_URL")  # `status` and `start` below manage the embedded cluster
+    settings = Settings(database_url=url, embed_interval_s=0)
+    ask = {
+        "query": "alpha beta",
+        "queries": [{"table": "crash", "full_text_search": "alpha beta", "limit": 5}],
+    }
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        before = client.post("/agents/retrieval", json=ask)
+    assert before.status_code == 200 and before.json()["hits"]
+    worker = list_workers(citus_cluster)[1]
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("create table public.cluster_crash (k int primary key)")
-        conn.execute("select create_distributed_table('public.cluster_crash', 'k', shard_count => 4)")
-        conn.execute("insert into public.cluster_crash select generate_series(1, 40)")
-        worker = list_workers(citus_cluster)[1]
         stop_worker(worker, "immediate")
         try:
-            # A statement needing its shards fails naming the node; none is answered in part.
             with pytest.raises(psycopg.OperationalError, match=f"{worker.host}:{worker.port}"):
-                conn.execute("select count(*) from public.cluster_crash")
+                conn.execute("select count(*) from agentdb_docs.crash")
             nodes = _status(citus_cluster, capsys)["nodes"]
             assert [n.get("state") for n in nodes] == [None, "running", "stopped"]
-            assert sum(n["shards"].get("cluster_crash", 0) for n in nodes) == 4  # from the metadata
-            settings = Settings(database_url=url, embed_interval_s=0)
+            assert sum(n["shards"].get("agentdb_docs.crash", 0) for n in nodes) == 8  # from the metadata
             with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
                 health = client.get("/healthz")
+                down = client.post("/agents/retrieval", json=ask)
             assert health.status_code == 200 and len(health.json()["nodes"]) == 3
+            assert down.status_code == 503, down.text
+            error = down.json()["error"]
+            assert error["name"] == "DatabaseUnavailable" and error["code"] == 9001
+            assert f"{worker.host}:{worker.port}" in error["message"]
         finally:
             done = _start_again(citus_cluster)
         assert "worker2 running" in done.stderr
-        assert conn.execute("select count(*) from public.cluster_crash").fetchone() == (40,)
-        conn.execute("drop table public.cluster_crash")
+        assert conn.execute("select count(*) from agentdb_docs.crash").fetchone() == (30,)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        after = client.post("/agents/retrieval", json=ask)
+    assert after.status_code == 200 and after.json()["hits"] == before.json()["hits"]
 
 
 def test_stop_stops_every_node_and_start_brings_the_cluster_back(
@@ -233,30 +254,91 @@ def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | No
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
         for text, vector, where in queries:
-            for mode in ("lexical", "dense", "hybrid"):
+            for mode, fusion in (
+                ("lexical", "rrf"),
+                ("dense", "rrf"),
+                ("hybrid", "rrf"),
+                ("hybrid", "convex"),
+            ):
                 rows.append(
                     conn.execute(
                         "select id, chunk, rank, score, distance, bm25_score from agentdb.search("
                         "'equal', %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
-                        " filter => %s)",
-                        (text, str(vector), mode, Jsonb(where) if where else None),
+                        " filter => %s, fusion => %s)",
+                        (text, str(vector), mode, Jsonb(where) if where else None, fusion),
                     ).fetchall()
                 )
     return rows
 
 
-def test_agentdb_on_the_coordinator_answers_as_one_node(
+def _statistics(url: str) -> tuple[Any, ...]:
+    """A source's BM25 statistics and the check of its lexical index against its rows."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return (
+            conn.execute(
+                "select n_chunks, total_len from agentdb.corpus_stats c join agentdb.sources s on s.id = c.source_id"
+                " where s.name = 'equal'"
+            ).fetchall(),
+            conn.execute(
+                "select term, df from agentdb.term_stats t join agentdb.sources s on s.id = t.source_id"
+                " where s.name = 'equal' order by term"
+            ).fetchall(),
+            conn.execute("select * from agentdb.lexical_check('equal')").fetchall(),
+        )
+
+
+def test_a_distributed_source_answers_as_one_node(
     citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ingest and search (lexical, dense, hybrid; with and without a filter) on the coordinator of a running
-    cluster give one node's hits, ranks and scores. agentdb's tables are not distributed yet: this checks that
-    Citus loaded on the coordinator, with workers registered, changes no answer."""
-    corpus = tmp_path / "equal.jsonl"
+    """On the coordinator the catalog and the BM25 statistics are reference tables and a new source is
+    distributed by document id over the workers, its postings co-located, its statistics kept by the writer
+    in the writing transaction: after an ingest and a re-ingest that replaces a quarter of the documents, the
+    statistics equal one node's and the lexical index its rows; search (lexical, dense, hybrid RRF and convex; with and without a filter) gives one node's hits,
+    ranks and scores (each shard's best candidates of each leg merged by raw score, fused once)."""
+    corpus, changed = tmp_path / "equal.jsonl", tmp_path / "changed.jsonl"
     vectors = _random_corpus(corpus, seed=11)
+    _random_corpus(changed, seed=12, count=20)  # d0..d19 again, with other texts and vectors
     coordinator = _coordinator_url(citus_cluster)
     for url in (coordinator, db_url):
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["ingest", "equal", str(corpus)]) == 0
+        assert main(["ingest", "equal", str(changed)]) == 0
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        placed = conn.execute(
+            "select s.logicalrelid::regclass::text, count(distinct p.groupid)"
+            " from pg_dist_shard s join pg_dist_placement p using (shardid)"
+            " where s.logicalrelid in ('agentdb_docs.equal'::regclass, 'agentdb.postings'::regclass)"
+            " group by 1 order by 1"
+        ).fetchall()
+        assert placed == [("agentdb.postings", 2), ("agentdb_docs.equal", 2)]  # on both workers
+        colocated = conn.execute(
+            "select count(distinct colocationid) from pg_dist_partition"
+            " where logicalrelid in ('agentdb_docs.equal'::regclass, 'agentdb.postings'::regclass)"
+        ).fetchone()
+        assert colocated == (1,)
+        kinds = dict(
+            conn.execute(
+                "select logicalrelid::regclass::text, partmethod from pg_dist_partition"
+                " where logicalrelid::regclass::text like 'agentdb.%'"
+            ).fetchall()
+        )
+        assert kinds == {"agentdb.postings": "h"} | {table: "n" for table in CATALOG}  # n: a reference table
+        triggers = conn.execute(
+            "select count(*) from pg_trigger where tgrelid = 'agentdb_docs.equal'::regclass"
+            " and tgname like 'agentdb%'"
+        ).fetchone()
+        assert triggers == (0,)
+        # A distributed source keeps row postings (a block spans documents on many shards); nothing is made.
+        configure(conn)
+        with pytest.raises(InvalidParamValue, match="keeps its postings in rows") as refused:
+            create_document_source(
+                conn, "blocky", embedding_model="m", embedding_dim=4, lexical_layout="blocks"
+            )
+        assert refused.value.path == "lexical_layout"
+        assert conn.execute("select to_regclass('agentdb_docs.blocky')").fetchone() == (None,)
+    cluster_stats, one_node_stats = _statistics(coordinator), _statistics(db_url)
+    assert cluster_stats == one_node_stats
+    assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
     queries = [
         ("alpha beta", vectors[0], None),
         ("gamma", vectors[1], {"team": {"$eq": "t1"}}),

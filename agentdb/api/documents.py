@@ -23,7 +23,7 @@ from agentdb.filters import compile_filter
 from agentdb.ingest.pipeline import Document, IngestReport, ingest
 from agentdb.ingest.readers import Located
 from agentdb.reader import read
-from agentdb.sources import FieldSpec, Source, get_source
+from agentdb.sources import FieldSpec, Source, get_source, write_lexical
 
 router = APIRouter(tags=["documents"], route_class=DatabaseRoute)
 
@@ -250,7 +250,8 @@ def delete_document(
         )
     # A principal deletes under its role, whose row security (its delete policy) admits only the documents
     # it can read; any other answers 404 as if absent.
-    with read_scope(conn, caller):
+    with conn.transaction(), read_scope(conn, caller):
+        write_lexical(conn, source, "remove", [doc_id])
         gone = conn.execute(
             sql.SQL("delete from {} where doc_id = %s returning doc_id").format(source.table), (doc_id,)
         ).fetchall()

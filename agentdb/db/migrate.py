@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.cluster import citus_version
+from agentdb.db.distribute import prepare as prepare_distribution
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
 from agentdb.resources import MIGRATIONS, SQL, sql_files
@@ -78,6 +79,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         # sessions, on this server or its replicas, are running with them ("cache lookup failed").
         row = conn.execute("select digest from agentdb.schema_functions").fetchone()
         if not applied and row is not None and row[0] == functions_digest():
+            prepare_distribution(conn)
             return applied
         # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's
         # parameters to be known when the caller is not a superuser.
@@ -92,6 +94,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 " on conflict (singleton) do update set digest = excluded.digest, applied_at = now()",
                 (functions_digest(),),
             )
+        prepare_distribution(conn)
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

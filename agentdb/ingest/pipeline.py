@@ -43,6 +43,7 @@ from agentdb.sources import (
     get_source,
     optimize_source,
     record_embedding_backends,
+    write_lexical,
 )
 
 ANALYZE_AFTER_CHUNKS = 1000
@@ -343,12 +344,15 @@ def write_documents(
                     rows[index] = (*rows[index][:5], vector)
             with write_scope() if write_scope is not None else conn.transaction():
                 with conn.cursor() as cur:
-                    cur.execute(delete, ([d.doc_id for d in batch],))
+                    ids = [d.doc_id for d in batch]
+                    write_lexical(conn, source, "remove", ids)
+                    cur.execute(delete, (ids,))
                     report.replaced += len({r[0] for r in cur.fetchall()})
                     if write_scope is None:
                         copy_chunks(cur, source, rows)
                     else:
                         cur.executemany(insert, rows)
+                    write_lexical(conn, source, "add", ids)
             report.documents += len(batch)
             report.chunks += len(rows)
             elapsed = time.perf_counter() - started_at

@@ -1,0 +1,135 @@
+"""Sources distributed by Citus: on a coordinator (a database with the citus extension), `agentdb migrate`
+distributes the lexical index (`agentdb.postings`, by the document id each posting carries) and makes the
+catalog reference tables (a copy on every node), and every document source created afterwards is distributed
+by document id, co-located with the postings: a chunk and its postings live on one shard, so the lexical
+leg's per-chunk sums and the filter's join run on each shard.
+
+The BM25 statistics (`agentdb.term_stats`, `agentdb.corpus_stats`) are reference tables of the catalog: one
+set for the whole source, so a document's score never depends on its shard. A distributed table cannot
+have triggers, so the writer of a distributed source maintains its postings and statistics itself, in the
+writing transaction (`agentdb_internal.lexical_write`, the same statements as the triggers); Citus commits
+the transaction on every node it wrote with a two-phase commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from agentdb.db.cluster import citus_version
+from agentdb.errors import InvalidParamValue
+
+if TYPE_CHECKING:
+    from agentdb.sources import Source
+
+log = logging.getLogger(__name__)
+
+# Shards of the postings and of every source co-located with them (co-located tables share one shard
+# count). A rebalance moves shards between nodes; it does not split them, so this bounds the useful nodes.
+SHARD_COUNT = 8
+
+
+def on_citus(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the connected database is a Citus coordinator (has the citus extension)."""
+    return citus_version(conn) is not None
+
+
+def _distributed(conn: psycopg.Connection[Any], table: str) -> bool:
+    row = conn.execute(
+        "select exists (select 1 from pg_dist_partition where logicalrelid = to_regclass(%s))", (table,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+# The catalog, made reference tables in one transaction (their foreign keys tie them together: Citus turns the
+# rest of the graph into coordinator-local Citus tables as soon as one of them is converted), each after the
+# tables it references.
+CATALOG = (
+    "agentdb.sources",
+    "agentdb.principals",
+    "agentdb.indexes",
+    "agentdb.term_stats",
+    "agentdb.corpus_stats",
+    "agentdb.edges",
+    "agentdb.memory_stores",
+    "agentdb.principal_grants",
+    "agentdb.saved_agents",
+    "agentdb.posting_blocks",
+)
+# What Citus refuses on a reference table, replaced first: the catalog's two row triggers (sql/050, sql/080
+# create them only without Citus), and the two policies with subqueries ("Subqueries are not supported in
+# policies on distributed tables"). A principal's role may still read a memory store's catalog row only when
+# it may read the store's table (the same test, without the subquery), and reads no corpus statistics.
+_BEFORE_REFERENCE = (
+    "drop trigger if exists principals_release_source on agentdb.sources",
+    "drop trigger if exists memory_stores_dropped on agentdb.memory_stores",
+    "drop policy agentdb_sources_read on agentdb.sources",
+    "create policy agentdb_sources_read on agentdb.sources for select using ("
+    " table_schema <> 'agentdb_memory' or left(current_user, 10) <> 'agentdb_p_'"
+    " or coalesce(has_table_privilege(to_regclass(format('%I.%I', table_schema, table_name))::oid, 'SELECT'),"
+    " false))",
+    "drop policy agentdb_corpus_stats_read on agentdb.corpus_stats",
+    "create policy agentdb_corpus_stats_read on agentdb.corpus_stats for select"
+    " using (left(current_user, 10) <> 'agentdb_p_')",
+)
+
+
+def prepare(conn: psycopg.Connection[Any]) -> bool:
+    """On a coordinator, once (True when done now): the postings distributed by document id, then the catalog
+    made reference tables, in one transaction. A distributed table's unique indexes must hold its distribution
+    column, so the postings' index becomes a plain one (a posting is unique by construction: the writers add a
+    chunk's postings once), and it cannot have a foreign key with a cascade to a table that is not a reference
+    table yet, so their foreign key to the catalog goes (dropping a source deletes its postings)."""
+    if not on_citus(conn) or _distributed(conn, "agentdb.sources"):
+        return False
+    with conn.transaction():
+        # One connection per node for the whole transaction: it changes reference tables after a distributed one.
+        conn.execute("set local citus.multi_shard_modify_mode to 'sequential'")
+        conn.execute("alter table agentdb.postings drop constraint if exists postings_source_id_fkey")
+        conn.execute("drop index agentdb.postings_term_idx")
+        conn.execute(
+            "create index postings_term_idx on agentdb.postings (source_id, term, chunk_id) include (tf, dl)"
+        )
+        conn.execute(
+            "select create_distributed_table('agentdb.postings', 'doc_id', shard_count => %s)", (SHARD_COUNT,)
+        )
+        for statement in _BEFORE_REFERENCE:
+            conn.execute(statement)
+        for table in CATALOG:
+            conn.execute("select create_reference_table(%s)", (table,))
+    log.info(
+        "distributed agentdb.postings by doc_id over %d shards; the catalog is reference tables", SHARD_COUNT
+    )
+    return True
+
+
+def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
+    """Distribute a new (empty) document source's table by doc_id, co-located with the postings, in the
+    caller's transaction (which inserted its catalog row with `distributed` true). Its primary key becomes (doc_id, agentdb_chunk_id) (Citus: the distribution column
+    in every unique constraint; the identity still hands out chunk ids on the coordinator), with an index on
+    the chunk id for the reads by chunk."""
+    if source.lexical_layout != "rows":
+        raise InvalidParamValue(
+            "a distributed source keeps its postings in rows: blocks of 128 chunks span documents on many shards",
+            path="lexical_layout",
+        )
+    table = source.table
+    conn.execute(
+        sql.SQL("alter table {} drop constraint {}").format(
+            table, sql.Identifier(f"{source.table_name}_pkey")
+        )
+    )
+    conn.execute(sql.SQL("alter table {} add primary key (doc_id, agentdb_chunk_id)").format(table))
+    conn.execute(
+        sql.SQL("create index {} on {} (agentdb_chunk_id)").format(
+            sql.Identifier(f"{source.table_name}_agentdb_chunk_idx"), table
+        )
+    )
+    conn.execute(
+        "select create_distributed_table(format('%%I.%%I', %s::text, %s::text), 'doc_id',"
+        " colocate_with => 'agentdb.postings')",
+        (source.table_schema, source.table_name),
+    )
