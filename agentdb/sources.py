@@ -121,6 +121,8 @@ class Source(BaseModel):
     # blocks of up to 128 chunks per term (compact, faster to load and search; principals read a block
     # source through a function that keeps the postings of their chunks, sql/020_lexical.sql).
     lexical_layout: Literal["rows", "blocks"] = "rows"
+    # A registered table's column whose value is its hits' title (migrations/0021); None: no title.
+    title_column: str | None = None
 
     def field(self, name: str) -> FieldSpec | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -145,7 +147,7 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
     " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
-    " embedding_backends, lexical_layout"
+    " embedding_backends, lexical_layout, title_column"
     " from agentdb.sources"
 )
 
@@ -201,11 +203,12 @@ def _install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
 def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int:
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
-        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout)"
+        " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout,"
+        " title_column)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s) returning id",
-        {"lexical_layout": "rows", **values},
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(title_column)s) returning id",
+        {"lexical_layout": "rows", "title_column": None, **values},
     ).fetchone()
     assert row is not None
     conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
@@ -395,10 +398,12 @@ def register_table(
     ts_config: str = "english",
     bm25_k1: float = 1.2,
     bm25_b: float = 0.75,
+    title_column: str | None = None,
 ) -> Source:
     """Register an existing table in place: reflect its columns into typed fields, then add only the
     agentdb columns (chunk key, embedding, generated tsvector), the indexes and the lexical triggers.
     Rows already in the table are indexed for BM25 at once; their embeddings are filled by `embed_missing`.
+    `title_column` is the column that gives each hit its title (not a field, like the text columns).
     """
     check_source_name(name)
     columns = {c["name"]: c for c in reflect_columns(url, schema, table)}
@@ -408,7 +413,8 @@ def register_table(
         if (
             existing is not None
             and (existing.kind, existing.table_schema, existing.table_name) == ("table", schema, table)
-            and (existing.id_column, existing.text_columns) == (id_column, text_columns)
+            and (existing.id_column, existing.text_columns, existing.title_column)
+            == (id_column, text_columns, title_column)
         ):
             return existing
         raise StorageKindMismatch(
@@ -417,9 +423,8 @@ def register_table(
             path="table",
             hint="register it again with the same name and columns, or drop the source that registered it",
         )
-    for path, column in [("id_column", id_column)] + [
-        (f"text_columns[{i}]", c) for i, c in enumerate(text_columns)
-    ]:
+    named = [("id_column", id_column)] + [(f"text_columns[{i}]", c) for i, c in enumerate(text_columns)]
+    for path, column in named + ([("title_column", title_column)] if title_column else []):
         if column not in columns:
             raise InvalidParamValue(f"table {schema}.{table} has no column {column!r}", path=path)
     for i, column in enumerate(text_columns):
@@ -429,7 +434,7 @@ def register_table(
         raise InvalidParamValue("at least one text column is needed", path="text_columns")
     fields = []
     for column_name, reflected in columns.items():
-        if column_name in (id_column, *text_columns) or column_name.startswith("agentdb_"):
+        if column_name in (id_column, title_column, *text_columns) or column_name.startswith("agentdb_"):
             continue
         kind = _field_type(reflected["type"])
         if kind is None or not FIELD_NAME.match(column_name):
@@ -456,6 +461,7 @@ def register_table(
                 "bm25_b": bm25_b,
                 "chunk_size": 256,
                 "chunk_overlap": 32,
+                "title_column": title_column,
             },
         )
         source = get_source(conn, name)

@@ -57,7 +57,8 @@ begin
     return query select
         format('c.%I::text', src.id_column),
         '0'::text,
-        $q$''::text$q$,
+        case when src.title_column is null then $q$''::text$q$
+             else format($q$coalesce(c.%I::text, '')$q$, src.title_column) end,
         format('concat_ws(E''\n'', %s)', (select string_agg(format('c.%I', col), ', ') from unnest(src.text_columns) col)),
         case when cardinality(parts) = 0 then $q$'{}'::jsonb$q$
              else format('jsonb_strip_nulls(jsonb_build_object(%s))', array_to_string(parts, ', ')) end;
