@@ -152,14 +152,30 @@ _SELECT = (
 )
 
 
+def unknown_source(name: str) -> StorageFileNotFound:
+    """3010 for a source that does not exist. Its code and name are the reference's, and "FileNotFound" says
+    nothing of sources: the message says plainly that no source has that name and where the names are listed
+    (agentdb.raise_unknown_source, sql/010_errors.sql, says the same from SQL)."""
+    return StorageFileNotFound(
+        f"no source named {name!r}; `agentdb sources` or GET /sources lists them", path="source"
+    )
+
+
+def source_name_taken(name: str) -> StorageKindMismatch:
+    """3011 for a new source whose name is in use; the name "KindMismatch" is the reference's, so the message
+    says what happened and what to do."""
+    return StorageKindMismatch(
+        f"a source named {name!r} already exists; choose another name (`agentdb sources` lists the taken ones)",
+        path="source",
+    )
+
+
 def get_source(conn: psycopg.Connection[Any], name: str) -> Source:
     """The source called `name`, or StorageFileNotFound (3010) saying how to list the known ones."""
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         row = cur.execute(_SELECT + " where name = %s", (name,)).fetchone()  # noqa: S608 - constant text
     if row is None:
-        raise StorageFileNotFound(
-            f"unknown source {name!r}", path="source", hint="list the sources with `agentdb sources`"
-        )
+        raise unknown_source(name)
     return _row_to_source(row)
 
 
@@ -244,7 +260,7 @@ def create_document_source(
             raise InvalidParamValue(f"field name {f.name!r} is reserved", path=f"fields.{f.name}")
     with conn.transaction():
         if _source_exists(conn, name):
-            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+            raise source_name_taken(name)
         _check_ts_config(conn, ts_config)
         source_id = _insert_source(
             conn,
@@ -442,7 +458,7 @@ def register_table(
         fields.append(FieldSpec(name=column_name, type=kind, optional=True, column=column_name))
     with conn.transaction():
         if _source_exists(conn, name):
-            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+            raise source_name_taken(name)
         _check_ts_config(conn, ts_config)
         _insert_source(
             conn,

@@ -415,8 +415,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', retrieve.source),
-                                    'source', 'list the sources with agentdb sources or GET /sources');
+        perform agentdb.raise_unknown_source(retrieve.source);
     end if;
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
         perform agentdb.raise_error(3007, 'InvalidParamValue',
@@ -735,7 +734,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = $1;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', $1), 'source');
+        perform agentdb.raise_unknown_source($1);
     end if;
     select * into r from agentdb_internal.source_row_sql(src);
     execute format('select c.agentdb_embedding from %s c where %s = $1 and c.agentdb_embedding is not null'
