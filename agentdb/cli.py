@@ -378,7 +378,7 @@ def _similarity(conn: psycopg.Connection[Any], source: Any, probes: int | None) 
 
     profile = similarity_profile(conn, source, load_embedder(source.embedding_model), sample=probes)
     if profile is None:
-        return {"probes": 0, "summary": "fewer than 2 embedded chunks: nothing to measure"}
+        return {"probes": 0, "summary": "fewer than 2 embedded chunks with text: nothing to measure"}
     return {
         "probes": len(profile.probes),
         "embedded_chunks": profile.embedded,
@@ -393,6 +393,8 @@ def _similarity(conn: psycopg.Connection[Any], source: Any, probes: int | None) 
 def cmd_sources(args: argparse.Namespace) -> None:
     from agentdb.sources import list_sources, pending_embeddings, source_counts
 
+    if args.similarity is not None and args.similarity < 1:
+        raise InvalidParamValue("--similarity takes a number of probes of at least 1", path="similarity")
     with _connect(args) as conn:
         found = list_sources(conn)
         if args.similarity is not None and found:

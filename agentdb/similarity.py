@@ -78,7 +78,8 @@ def _title_and_text(source: Source) -> tuple[sql.Composable, sql.Composable]:
 def similarity_profile(
     conn: psycopg.Connection[Any], source: Source, embedder: Embedder, *, sample: int = 50
 ) -> SimilarityProfile | None:
-    """The profile of `source` from up to `sample` probes; None when fewer than 2 chunks have an embedding."""
+    """The profile of `source` from up to `sample` probes; None when fewer than 2 chunks have an embedding, or
+    none of the sampled ones has text to probe with."""
     title, text = _title_and_text(source)
     row = conn.execute(
         sql.SQL("select count(*) from {} where agentdb_embedding is not null").format(source.table)
@@ -95,6 +96,8 @@ def similarity_profile(
     ).fetchall()
     chosen = [(int(r[0]), *probe_text(r[1], r[2] or "")) for r in rows]
     chosen = [c for c in chosen if c[1]]
+    if not chosen:
+        return None
     vectors = embedder.embed([c[1] for c in chosen])
     nearest = sql.SQL(
         "select 1 - (agentdb_embedding <=> %(q)s) from {} where agentdb_chunk_id <> %(own)s"

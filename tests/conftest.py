@@ -34,6 +34,8 @@ CLUSTER_MODULES = frozenset({"test_cluster.py"})
 BROWSER_MODULES = frozenset({"test_playground.py", "test_docs_page.py"})
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "scifact"
 CITUS_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "vendor" / "citus-14.0.1.tar.gz"
+# Chunk embeddings of fixed public corpora (SciFact), kept between sessions (agentdb/embed_cache.py).
+EMBED_CACHE = Path(__file__).resolve().parents[1] / ".agentdb" / "embeddings"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
