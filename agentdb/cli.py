@@ -1087,16 +1087,14 @@ def cmd_eval_memory(args: argparse.Namespace) -> None:
         print(memory_table(rows))
 
 
-def cmd_serve(args: argparse.Namespace, *, warm: bool = True) -> None:
-    """Serve; `warm` loads the model in the background meanwhile (`demo` has started that already)."""
+def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from agentdb.api import create_app
 
     settings = _settings(args)
     check_port_free(settings.host, settings.port)
-    if warm:
-        warm_embedder()
+    warm_embedder()
     print(f"agentdb serving on http://{settings.host}:{settings.port} (OpenAPI at /docs)", file=sys.stderr)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
 
@@ -1175,10 +1173,6 @@ def cmd_demo(args: argparse.Namespace) -> None:
         settings = _settings(args)
         check_port_free(settings.host, settings.port)
     with _connect(args, migrate_schema=True, create=True) as conn:
-        if not args.no_serve:
-            # The model (on a new data directory, its ONNX export too: tens of seconds) loads while the
-            # demo loads, rather than after it, so the first dense search waits less.
-            warm_embedder()
         if DEMO_SOURCE in {s.name for s in list_sources(conn)}:
             print(f"demo source {DEMO_SOURCE!r} is loaded", file=sys.stderr)
         elif resource(DEMO, DEMO_PACK).is_file():
@@ -1216,7 +1210,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
             print(ingested.summary(), file=sys.stderr)
         _demo_indexes(conn)
     if not args.no_serve:
-        cmd_serve(args, warm=False)
+        cmd_serve(args)
 
 
 # The demo corpus's hierarchy and graph indexes: (name, kind, field, edge type).
