@@ -24,6 +24,9 @@ from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_p
 
 DEMO_SOURCE = "pgdocs"
 DEMO_PACK_BACKEND = "torch"
+DEFAULT_THRESHOLD = (
+    0.5  # the dense leg's default max cosine distance (agentdb.retrieval.retrieve's, the API's)
+)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -366,11 +369,39 @@ def _replica_lines(settings: Settings, primary_url: str | None) -> list[dict[str
     return lines
 
 
+def _similarity(conn: psycopg.Connection[Any], source: Any, probes: int | None) -> dict[str, Any] | None:
+    """`agentdb sources --similarity`: the source's similarity profile (agentdb.similarity) as JSON."""
+    if probes is None:
+        return None
+    from agentdb.embed import load_embedder
+    from agentdb.similarity import similarity_profile
+
+    profile = similarity_profile(conn, source, load_embedder(source.embedding_model), sample=probes)
+    if profile is None:
+        return {"probes": 0, "summary": "fewer than 2 embedded chunks with text: nothing to measure"}
+    return {
+        "probes": len(profile.probes),
+        "embedded_chunks": profile.embedded,
+        "median": profile.percentile(50),
+        "p10": profile.percentile(10),
+        "p90": profile.percentile(90),
+        "kept_at_default_threshold": profile.kept_at(DEFAULT_THRESHOLD),
+        "summary": profile.summary(DEFAULT_THRESHOLD),
+    }
+
+
 def cmd_sources(args: argparse.Namespace) -> None:
     from agentdb.sources import list_sources, pending_embeddings, source_counts
 
+    if args.similarity is not None and args.similarity < 1:
+        raise InvalidParamValue("--similarity takes a number of probes of at least 1", path="similarity")
     with _connect(args) as conn:
         found = list_sources(conn)
+        if args.similarity is not None and found:
+            print(
+                f"loading the embedding model to measure the similarity of {args.similarity} probes a source",
+                file=sys.stderr,
+            )
         if args.json:
             print(
                 orjson.dumps(
@@ -379,6 +410,11 @@ def cmd_sources(args: argparse.Namespace) -> None:
                             **s.model_dump(),
                             **source_counts(conn, s),
                             "pending_embeddings": pending_embeddings(conn, s) if s.kind == "table" else 0,
+                            **(
+                                {"similarity": _similarity(conn, s, args.similarity)}
+                                if args.similarity
+                                else {}
+                            ),
                         }
                         for s in found
                     ]
@@ -398,6 +434,15 @@ def cmd_sources(args: argparse.Namespace) -> None:
             print(
                 f"{s.name:20} {s.kind:10} {counts['documents']:>9} {counts['chunks']:>8}  "
                 f"{s.embedding_model} ({s.embedding_dim}, {backends}); {fields or 'no fields'}{waiting}"
+            )
+            similarity = _similarity(conn, s, args.similarity)
+            if similarity is not None:
+                print(f"{'':20} {similarity['summary']}")
+        if args.similarity is None:
+            print(
+                "(`agentdb sources --similarity` measures the cosine similarities each source's model gives short "
+                "queries, to pick a --threshold)",
+                file=sys.stderr,
             )
 
 
@@ -467,6 +512,7 @@ def cmd_register(args: argparse.Namespace) -> None:
             embedding_model=embedder.model_name,
             embedding_dim=embedder.dim,
             ts_config=args.ts_config,
+            title_column=args.title_column,
         )
         from agentdb.ingest.embed_missing import embed_missing
 
@@ -1292,6 +1338,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replica(p)
     p = command("sources", cmd_sources, "list the sources with their counts and fields")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--similarity",
+        type=int,
+        nargs="?",
+        const=50,
+        metavar="PROBES",
+        help="also measure each source's top-1 cosine similarity for PROBES short probes (default 50: sampled "
+        "chunks' titles, else first sentences, each searched against the other chunks), to pick a --threshold "
+        "(a cosine distance, 1 - similarity); loads the embedding model",
+    )
 
     p = command("ingest", cmd_ingest, "ingest JSONL, CSV or Parquet files (gzip too) into a document source")
     p.add_argument("source")
@@ -1329,6 +1385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--text-column", action="append", required=True, help="a searched text column (repeatable)"
     )
+    p.add_argument("--title-column", help="the column that gives each hit its title (default: none)")
     p.add_argument("--ts-config", default="english")
     p.add_argument("--no-progress", action="store_true")
 
@@ -1351,7 +1408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threshold",
         type=float,
-        default=0.5,
+        default=DEFAULT_THRESHOLD,
         help="max cosine distance on the dense leg (default 0.5; 0 = none); all-MiniLM-L6-v2 puts many "
         "relevant passages beyond 0.5: 0.7 keeps them",
     )

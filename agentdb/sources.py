@@ -125,6 +125,8 @@ class Source(BaseModel):
     # Distributed by Citus (agentdb/db/distribute.py): its table has no triggers, and its writers maintain its
     # lexical index and statistics (write_lexical).
     distributed: bool = False
+    # A registered table's column whose value is its hits' title (migrations/0021); None: no title.
+    title_column: str | None = None
 
     def field(self, name: str) -> FieldSpec | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -149,9 +151,27 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
     " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
-    " embedding_backends, lexical_layout, distributed"
+    " embedding_backends, lexical_layout, distributed, title_column"
     " from agentdb.sources"
 )
+
+
+def unknown_source(name: str) -> StorageFileNotFound:
+    """3010 for a source that does not exist. Its code and name are the reference's, and "FileNotFound" says
+    nothing of sources: the message says plainly that no source has that name and where the names are listed
+    (agentdb.raise_unknown_source, sql/010_errors.sql, says the same from SQL)."""
+    return StorageFileNotFound(
+        f"no source named {name!r}; `agentdb sources` or GET /sources lists them", path="source"
+    )
+
+
+def source_name_taken(name: str) -> StorageKindMismatch:
+    """3011 for a new source whose name is in use; the name "KindMismatch" is the reference's, so the message
+    says what happened and what to do."""
+    return StorageKindMismatch(
+        f"a source named {name!r} already exists; choose another name (`agentdb sources` lists the taken ones)",
+        path="source",
+    )
 
 
 def get_source(conn: psycopg.Connection[Any], name: str) -> Source:
@@ -159,9 +179,7 @@ def get_source(conn: psycopg.Connection[Any], name: str) -> Source:
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         row = cur.execute(_SELECT + " where name = %s", (name,)).fetchone()  # noqa: S608 - constant text
     if row is None:
-        raise StorageFileNotFound(
-            f"unknown source {name!r}", path="source", hint="list the sources with `agentdb sources`"
-        )
+        raise unknown_source(name)
     return _row_to_source(row)
 
 
@@ -206,11 +224,12 @@ def _insert_source(conn: psycopg.Connection[Any], values: dict[str, Any]) -> int
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
         " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout,"
-        " distributed)"
+        " distributed, title_column)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s) returning id",
-        {"lexical_layout": "rows", "distributed": False, **values},
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s, %(title_column)s)"
+        " returning id",
+        {"lexical_layout": "rows", "distributed": False, "title_column": None, **values},
     ).fetchone()
     assert row is not None
     conn.execute("insert into agentdb.corpus_stats (source_id) values (%s)", (row[0],))
@@ -246,7 +265,7 @@ def create_document_source(
             raise InvalidParamValue(f"field name {f.name!r} is reserved", path=f"fields.{f.name}")
     with conn.transaction():
         if _source_exists(conn, name):
-            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+            raise source_name_taken(name)
         _check_ts_config(conn, ts_config)
         source_id = _insert_source(
             conn,
@@ -414,10 +433,12 @@ def register_table(
     ts_config: str = "english",
     bm25_k1: float = 1.2,
     bm25_b: float = 0.75,
+    title_column: str | None = None,
 ) -> Source:
     """Register an existing table in place: reflect its columns into typed fields, then add only the
     agentdb columns (chunk key, embedding, generated tsvector), the indexes and the lexical triggers.
     Rows already in the table are indexed for BM25 at once; their embeddings are filled by `embed_missing`.
+    `title_column` is the column that gives each hit its title (not a field, like the text columns).
     """
     check_source_name(name)
     if on_citus(conn):
@@ -435,7 +456,8 @@ def register_table(
         if (
             existing is not None
             and (existing.kind, existing.table_schema, existing.table_name) == ("table", schema, table)
-            and (existing.id_column, existing.text_columns) == (id_column, text_columns)
+            and (existing.id_column, existing.text_columns, existing.title_column)
+            == (id_column, text_columns, title_column)
         ):
             return existing
         raise StorageKindMismatch(
@@ -444,9 +466,8 @@ def register_table(
             path="table",
             hint="register it again with the same name and columns, or drop the source that registered it",
         )
-    for path, column in [("id_column", id_column)] + [
-        (f"text_columns[{i}]", c) for i, c in enumerate(text_columns)
-    ]:
+    named = [("id_column", id_column)] + [(f"text_columns[{i}]", c) for i, c in enumerate(text_columns)]
+    for path, column in named + ([("title_column", title_column)] if title_column else []):
         if column not in columns:
             raise InvalidParamValue(f"table {schema}.{table} has no column {column!r}", path=path)
     for i, column in enumerate(text_columns):
@@ -456,7 +477,7 @@ def register_table(
         raise InvalidParamValue("at least one text column is needed", path="text_columns")
     fields = []
     for column_name, reflected in columns.items():
-        if column_name in (id_column, *text_columns) or column_name.startswith("agentdb_"):
+        if column_name in (id_column, title_column, *text_columns) or column_name.startswith("agentdb_"):
             continue
         kind = _field_type(reflected["type"])
         if kind is None or not FIELD_NAME.match(column_name):
@@ -464,7 +485,7 @@ def register_table(
         fields.append(FieldSpec(name=column_name, type=kind, optional=True, column=column_name))
     with conn.transaction():
         if _source_exists(conn, name):
-            raise StorageKindMismatch(f"source {name!r} already exists", path="source")
+            raise source_name_taken(name)
         _check_ts_config(conn, ts_config)
         _insert_source(
             conn,
@@ -483,6 +504,7 @@ def register_table(
                 "bm25_b": bm25_b,
                 "chunk_size": 256,
                 "chunk_overlap": 32,
+                "title_column": title_column,
             },
         )
         source = get_source(conn, name)

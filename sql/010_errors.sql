@@ -11,3 +11,14 @@ begin
         hint = coalesce(hint, '');
 end;
 $$;
+
+-- 3010 for a source that does not exist. The code and name are the reference's ("StorageFileNotFound"), and
+-- say "file": the message says plainly that no source has that name, and where the names are listed
+-- (agentdb.sources.unknown_source says the same in Python).
+create or replace function agentdb.raise_unknown_source(source_name text) returns void language plpgsql as $$
+begin
+    perform agentdb.raise_error(3010, 'StorageFileNotFound',
+                                format('no source named %L; `agentdb sources` or GET /sources lists them', source_name),
+                                'source');
+end;
+$$;

@@ -369,7 +369,7 @@ declare
 begin
     select * into src from agentdb.sources where name = source_name for update;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+        perform agentdb.raise_unknown_source(source_name);
     end if;
     delete from agentdb.corpus_stats where source_id = src.id;
     delete from agentdb.postings where source_id = src.id;
@@ -393,7 +393,7 @@ declare
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+        perform agentdb.raise_unknown_source(source_name);
     end if;
     rel := format('%I.%I', src.table_schema, src.table_name);
     return query execute format($q$
@@ -490,7 +490,7 @@ declare
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+        perform agentdb.raise_unknown_source(source_name);
     end if;
     perform 1 from agentdb.corpus_stats c where c.source_id = src.id for share;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
@@ -529,7 +529,7 @@ declare
 begin
     select * into src from agentdb.sources where name = source_name for update;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source');
+        perform agentdb.raise_unknown_source(source_name);
     end if;
     if layout is null or layout not in ('rows', 'blocks') then
         perform agentdb.raise_error(3007, 'InvalidParamValue',

@@ -95,8 +95,7 @@ declare
 begin
     select * into src from agentdb.sources x where x.name = read.source;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', read.source),
-                                    'source', 'list the sources with agentdb sources or GET /sources');
+        perform agentdb.raise_unknown_source(read.source);
     end if;
     if keys is null or array_ndims(keys) > 1 then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'keys must be a one-dimensional array of keys', 'keys');

@@ -41,7 +41,8 @@ begin
     return query select
         format('c.%I::text', src.id_column),
         '0'::text,
-        $q$''::text$q$,
+        case when src.title_column is null then $q$''::text$q$
+             else format($q$coalesce(c.%I::text, '')$q$, src.title_column) end,
         format('concat_ws(E''\n'', %s)', (select string_agg(format('c.%I', col), ', ') from unnest(src.text_columns) col)),
         case when cardinality(parts) = 0 then $q$'{}'::jsonb$q$
              else format('jsonb_strip_nulls(jsonb_build_object(%s))', array_to_string(parts, ', ')) end;
@@ -398,8 +399,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = retrieve.source;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', retrieve.source),
-                                    'source', 'list the sources with agentdb sources or GET /sources');
+        perform agentdb.raise_unknown_source(retrieve.source);
     end if;
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
         perform agentdb.raise_error(3007, 'InvalidParamValue',
@@ -750,7 +750,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = $1;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', $1), 'source');
+        perform agentdb.raise_unknown_source($1);
     end if;
     select * into r from agentdb_internal.source_row_sql(src);
     execute format('select c.agentdb_embedding from %s c where %s = $1 and c.agentdb_embedding is not null'

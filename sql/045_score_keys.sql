@@ -31,8 +31,7 @@ declare
 begin
     select * into src from agentdb.sources x where x.name = score_keys.source;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', score_keys.source),
-                                    'source', 'list the sources with agentdb sources or GET /sources');
+        perform agentdb.raise_unknown_source(score_keys.source);
     end if;
     if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
         perform agentdb.raise_error(8003, 'StorageContentError',

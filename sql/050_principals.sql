@@ -140,7 +140,7 @@ $$;
 -- The columns of `src`'s table that a principal with field grant `fields` (null = every field) may read,
 -- besides a document table's metadata projection: the row key, the chunk position and the embedding
 -- always; title and text when granted; a document table's whole metadata without a field grant; a
--- registered table's granted field columns and, with "text", its text columns.
+-- registered table's granted field columns, with "text" its text columns and with "title" its title column.
 create or replace function agentdb.principal_columns(src agentdb.sources, fields text[]) returns text[]
 language sql immutable as $$
 select case when src.kind = 'documents' then
@@ -152,6 +152,8 @@ else
     array(select distinct c from unnest(
         array[src.id_column, 'agentdb_chunk_id', 'agentdb_embedding']
         || case when fields is null or 'text' = any(fields) then src.text_columns else '{}'::text[] end
+        || case when src.title_column is not null and (fields is null or 'title' = any(fields))
+                then array[src.title_column] else '{}'::text[] end
         || array(select f->>'column' from jsonb_array_elements(src.fields) f
                  where f->>'column' is not null and (fields is null or f->>'name' = any(fields)))) c
           order by c)
@@ -187,6 +189,7 @@ begin
       and a.attname = any (case when src.kind = 'documents'
                                 then array['agentdb_chunk_id', 'doc_id', 'chunk', 'title', 'text', 'agentdb_embedding']
                                 else array[src.id_column, 'agentdb_chunk_id', 'agentdb_embedding'] || src.text_columns
+                                     || case when src.title_column is null then '{}'::text[] else array[src.title_column] end
                                      || array(select f->>'column' from jsonb_array_elements(src.fields) f) end);
     if src.kind = 'documents' then
         meta := case when has_column_privilege(rel, 'metadata', 'SELECT') then 't.metadata'

@@ -128,7 +128,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = expand.source;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', expand.source), 'source');
+        perform agentdb.raise_unknown_source(expand.source);
     end if;
     if expand_window is null or expand_window < 1 or expand_window > 101 then
         perform agentdb.raise_error(3007, 'InvalidParamValue', 'expand_window must be between 1 and 101', 'expand_window');

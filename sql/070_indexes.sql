@@ -165,8 +165,7 @@ declare
 begin
     select * into src from agentdb.sources s where s.name = source_name;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown source %L', source_name), 'source',
-                                    'list the sources with agentdb sources or GET /sources');
+        perform agentdb.raise_unknown_source(source_name);
     end if;
     return src;
 end;

@@ -22,8 +22,33 @@ from agentdb.db.pool import configure
 from agentdb.db.server import start_embedded, stop_embedded
 
 TEMPLATE = "agentdb_test_template"
+# The quick loop, `pytest -m "not slow and not cluster and not browser"`, leaves out the tests that take
+# minutes: those that load a corpus at scale (marked `corpus`: SciFact, the demo manual) and these modules
+# (the wheel built and installed, replicas and failover started as real servers, the README run end to end,
+# a first user's walk over the real model); the Citus cluster (built from source, a coordinator and 2
+# workers); and the headless-Chromium pages. A full run still runs, and counts, every test.
+SLOW_MODULES = frozenset(
+    {"test_wheel.py", "test_replicas.py", "test_failover.py", "test_readme.py", "test_first_use.py"}
+)
+CLUSTER_MODULES = frozenset({"test_cluster.py"})
+BROWSER_MODULES = frozenset({"test_playground.py", "test_docs_page.py"})
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "scifact"
 CITUS_SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "vendor" / "citus-14.0.1.tar.gz"
+# Chunk embeddings of fixed public corpora (SciFact), kept between sessions (agentdb/embed_cache.py).
+EMBED_CACHE = Path(__file__).resolve().parents[1] / ".agentdb" / "embeddings"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the slow, cluster and browser tests (see SLOW_MODULES) for the quick loop to leave out."""
+    for item in items:
+        module = item.path.name
+        if module in SLOW_MODULES or item.get_closest_marker("corpus"):
+            item.add_marker(pytest.mark.slow)
+        if module in CLUSTER_MODULES:
+            item.add_marker(pytest.mark.cluster)
+        if module in BROWSER_MODULES:
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")

@@ -50,9 +50,8 @@ def test_errors_use_the_envelope(client: TestClient) -> None:
         "error": {
             "code": 3010,
             "name": "StorageFileNotFound",
-            "message": "unknown source 'nosuch'",
+            "message": "no source named 'nosuch'; `agentdb sources` or GET /sources lists them",
             "path": "source",
-            "hint": "list the sources with `agentdb sources`",
         }
     }
     response = client.get("/no/such/route")

@@ -160,8 +160,8 @@ def test_errors_are_one_line_and_exit_non_zero(db_url: str, corpus: Path, tmp_pa
     result = run(["search", "nosuch", "x"], db_url, check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "agentdb: error 3010 StorageFileNotFound: unknown source 'nosuch' (at source); "
-        "hint: list the sources with `agentdb sources`"
+        "agentdb: error 3010 StorageFileNotFound: no source named 'nosuch'; `agentdb sources` or GET /sources "
+        "lists them (at source)"
     ]
     run(["ingest", "notes", str(corpus), "--no-progress"], db_url)
     bad_filter = run(

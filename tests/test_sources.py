@@ -447,12 +447,41 @@ BAD_REGISTRATIONS: list[tuple[str, dict[str, Any], type[AgentDBError], str]] = [
     ("int_text_column", {"text_columns": ["views"]}, InvalidParamValue, "text_columns[0]"),
     ("array_text_column", {"text_columns": ["title", "tags"]}, InvalidParamValue, "text_columns[1]"),
     ("no_text_columns", {"text_columns": []}, InvalidParamValue, "text_columns"),
+    ("missing_title_column", {"title_column": "heading"}, InvalidParamValue, "title_column"),
     ("unknown_ts_config", {"ts_config": "klingon"}, InvalidParamValue, "ts_config"),
     ("uppercase_name", {"name": "Articles"}, InvalidParamValue, "source"),
     ("dashed_name", {"name": "my-articles"}, InvalidParamValue, "source"),
     ("digit_name", {"name": "1articles"}, InvalidParamValue, "source"),
     ("long_name", {"name": "a" * 64}, InvalidParamValue, "source"),
 ]
+
+
+def test_a_registered_tables_hits_carry_its_title_column(
+    conn: psycopg.Connection[Any], db_url: str, embedder: Any, articles: None, drop_principals: None
+) -> None:
+    """`register --title-column`: every door's hits carry that column as their title (not a field); a
+    principal whose field grant leaves out "title" gets '' for it, as for a document table's title."""
+    from agentdb.auth import create_principal, principal_scope
+    from agentdb.retrieval import retrieve
+
+    source = register(conn, db_url, embedder, text_columns=["body"], title_column="title")
+    assert source.title_column == "title" and "title" not in {f.name for f in source.fields}
+    assert get_source(conn, "articles") == source
+    embed_missing(conn, source, embedder, progress=False)
+    titles = dict(conn.execute("select id::text, title from articles").fetchall())
+    for mode in ("lexical", "dense", "hybrid"):
+        hits = retrieve(conn, "articles", "dirty buffers flushed", mode=mode, top_k=5, threshold=0).hits
+        assert hits and all(h.title == titles[h.id] for h in hits), (mode, hits)
+    # Registering it again the same way is the same source; with another title column, a conflict.
+    assert register(conn, db_url, embedder, text_columns=["body"], title_column="title").id == source.id
+    with pytest.raises(StorageKindMismatch):
+        register(conn, db_url, embedder, text_columns=["body"], title_column="note")
+    # A principal granted only the field "views" reads no title.
+    for fields, title in ((["views"], ""), (["views", "title"], "Checkpoints")):
+        principal, _ = create_principal(conn, f"reader{len(fields)}", tables=["articles"], fields=fields)
+        with principal_scope(conn, principal):
+            [hit] = retrieve(conn, "articles", "checkpoint", mode="lexical", top_k=1, threshold=0).hits
+        assert (hit.id, hit.title) == ("1", title), fields
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ from agentdb.errors import (
     AgentDBError,
     InvalidParamValue,
     StorageContentError,
-    StorageFileNotFound,
     StorageKindMismatch,
 )
 from agentdb.ingest.chunking import chunk_text
@@ -43,6 +42,7 @@ from agentdb.sources import (
     get_source,
     optimize_source,
     record_embedding_backends,
+    unknown_source,
     write_lexical,
 )
 
@@ -412,7 +412,7 @@ def ingest(
     report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
     if check is not None:
         if source is None:
-            raise StorageFileNotFound(f"unknown source {source_name!r}", path="source")
+            raise unknown_source(source_name)
         check(source, documents, new_fields)
     if not documents and not bad:
         raise InvalidParamValue("no records to ingest", path="files")
