@@ -18,7 +18,7 @@ from typing import Any, Literal
 import orjson
 import psycopg
 
-from agentdb.config import Settings, find_data_dir, has_database
+from agentdb.config import MEMORY_DECAY, MEMORY_HALF_LIFE_HOURS, RRF_K, Settings, find_data_dir, has_database
 from agentdb.errors import AgentDBError, DatabaseSetupError, InvalidParamValue, from_db_error, is_outage
 from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_path
 
@@ -1394,7 +1394,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"], help="default hybrid")
     p.add_argument("--top-k", type=int, default=10, help="hits to return (default 10)")
-    p.add_argument("--rrf-k", type=int, default=60, help="RRF's k: 1 / (k + rank) (default 60)")
+    p.add_argument("--rrf-k", type=int, default=RRF_K, help="RRF's k: 1 / (k + rank) (default 60)")
     p.add_argument(
         "--fusion",
         default="rrf",
@@ -1603,7 +1603,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("query")
     q.add_argument("--top-k", type=int, default=5)
-    q.add_argument("--decay", type=float, default=0.995, help="recency = decay ** hours since last access")
+    q.add_argument(
+        "--decay", type=float, default=MEMORY_DECAY, help="recency = decay ** hours since last access"
+    )
     q.add_argument(
         "--ranking",
         default="calibrated",
@@ -1611,7 +1613,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="calibrated (raw similarity, half-life slowed by importance) or the paper's min-max formula",
     )
     q.add_argument(
-        "--half-life-hours", type=float, default=72.0, help="calibrated: at importance 1 (x importance^2)"
+        "--half-life-hours",
+        type=float,
+        default=MEMORY_HALF_LIFE_HOURS,
+        help="calibrated: at importance 1 (x importance^2)",
     )
     q.add_argument(
         "--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default: the ranking's, 1,0.5,3 or 1,1,1)"
@@ -1657,7 +1662,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--top-k", type=int, default=5, help=argparse.SUPPRESS)
-    p.add_argument("--decay", type=float, default=0.995)
+    p.add_argument("--decay", type=float, default=MEMORY_DECAY)
     p.add_argument(
         "--ranking",
         default="calibrated",
@@ -1665,7 +1670,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="calibrated (raw similarity, half-life slowed by importance) or the paper's min-max formula",
     )
     p.add_argument(
-        "--half-life-hours", type=float, default=72.0, help="calibrated: at importance 1 (x importance^2)"
+        "--half-life-hours",
+        type=float,
+        default=MEMORY_HALF_LIFE_HOURS,
+        help="calibrated: at importance 1 (x importance^2)",
     )
     p.add_argument(
         "--weights", help="RECENCY,IMPORTANCE,RELEVANCE (default: the ranking's, 1,0.5,3 or 1,1,1)"

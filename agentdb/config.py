@@ -7,6 +7,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# Defaults that several doors share (Python, HTTP, the CLI), each written once here.
+# RRF's k: a hit at rank r of a leg adds 1 / (k + r) (agentdb.retrieve's own default in SQL is the same).
+RRF_K = 60
+# Memory recency: the calibrated ranking halves it every HALF_LIFE_HOURS x importance^2 hours since the last
+# access; the Generative Agents formula multiplies it by DECAY every hour.
+MEMORY_HALF_LIFE_HOURS = 72.0
+MEMORY_DECAY = 0.995
 # A file holding the primary's URL, re-read when it may have changed (a failover rewrites it).
 URL_FILE_ENV = "DATABASE_URL_FILE"
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalRequest, RetrievalResponse, respond, run, validate
 from agentdb.agent.navigate import NavigationOptions
 from agentdb.auth import Principal, check_filter, check_table, check_tool, read_scope
-from agentdb.config import Settings
+from agentdb.config import RRF_K, Settings
 from agentdb.errors import (
     AgentDBError,
     Conflict,
@@ -50,7 +50,6 @@ from agentdb.memory import (
     resolve_store_name,
     template_variables,
 )
-from agentdb.retrieval import RRF_K
 from agentdb.sources import get_source
 
 STRUCTURAL = ("name", "source_kind", "source", "storage", "schema", "input")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentdb.retrieval import RRF_K, Hit
+from agentdb.config import RRF_K
+from agentdb.retrieval import Hit
 
 MERGE_RRF_K = RRF_K
 

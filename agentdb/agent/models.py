@@ -14,8 +14,9 @@ from pydantic import (
     model_serializer,
 )
 
+from agentdb.config import RRF_K
 from agentdb.llm import GeneratorSpec
-from agentdb.retrieval import RRF_K, Fusion, Hit, Mode
+from agentdb.retrieval import Fusion, Hit, Mode
 
 # Query texts are questions, not documents: longer ones are refused before they reach the database.
 MAX_QUERY_CHARS = 10_000

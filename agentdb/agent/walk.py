@@ -14,9 +14,10 @@ import numpy as np
 
 from agentdb.agent.models import MAX_LIMIT
 from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
+from agentdb.config import RRF_K
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
-from agentdb.retrieval import RRF_K, Fusion, Hit, Mode, retrieve
+from agentdb.retrieval import Fusion, Hit, Mode, retrieve
 from navigation import (
     Budget,
     ContextScorer,

@@ -25,6 +25,7 @@ from agentdb.api.access import BEARER, principal, request_principal
 from agentdb.api.guard import parse_json
 from agentdb.api.routing import DatabaseRoute, ReadWish, connection, read_wish, request_connection
 from agentdb.auth import Principal, check_tool
+from agentdb.config import MEMORY_DECAY, MEMORY_HALF_LIFE_HOURS
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, parse_params
 from agentdb.llm import resolve_model
@@ -48,7 +49,6 @@ from agentdb.memory import (
     write_records,
     write_relations,
 )
-from agentdb.memory.models import DECAY, HALF_LIFE_HOURS
 
 router = APIRouter(tags=["memory"], route_class=DatabaseRoute)
 
@@ -287,8 +287,8 @@ def recall_memory(
     query: str = Query("", max_length=10_000),
     top_k: int = 5,
     ranking: Literal["calibrated", "generative_agents"] = "calibrated",
-    half_life_hours: float = HALF_LIFE_HOURS,
-    decay: float = DECAY,
+    half_life_hours: float = MEMORY_HALF_LIFE_HOURS,
+    decay: float = MEMORY_DECAY,
     w_recency: float | None = None,
     w_importance: float | None = None,
     w_relevance: float | None = None,

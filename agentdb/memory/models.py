@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from agentdb.config import MEMORY_DECAY, MEMORY_HALF_LIFE_HOURS
 from agentdb.sources import FieldSpec
 
 Importance = Annotated[StrictInt, Field(ge=1, le=10)]
@@ -189,12 +190,6 @@ class Weights(BaseModel):
     relevance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
-# Recency's defaults: the calibrated ranking halves it every HALF_LIFE_HOURS x importance^2 hours since the last
-# access; the Generative Agents formula multiplies it by DECAY every hour.
-HALF_LIFE_HOURS = 72.0
-DECAY = 0.995
-
-
 class RecallOptions(BaseModel):
     """Knobs of a recall (agentdb.memory_recall documents each). `ranking` "calibrated" (the default) keeps
     relevance as the raw similarity and lets recency halve every `half_life_hours` x importance^2 hours since
@@ -205,8 +200,8 @@ class RecallOptions(BaseModel):
 
     top_k: int = Field(default=5, ge=1, le=100)
     ranking: Literal["calibrated", "generative_agents"] = "calibrated"
-    half_life_hours: float = Field(default=HALF_LIFE_HOURS, gt=0, allow_inf_nan=False)
-    decay: float = Field(default=DECAY, gt=0, le=1)
+    half_life_hours: float = Field(default=MEMORY_HALF_LIFE_HOURS, gt=0, allow_inf_nan=False)
+    decay: float = Field(default=MEMORY_DECAY, gt=0, le=1)
     weights: Weights = Weights()
     candidates: int = Field(default=20, ge=0, le=1000)
     entity_candidates: int = Field(default=3, ge=0, le=100)

@@ -11,6 +11,7 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from agentdb.config import RRF_K
 from agentdb.db import run_sql
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue
@@ -21,8 +22,6 @@ Mode = Literal["dense", "lexical", "hybrid"]
 # How hybrid mode fuses its two legs (sql/040_retrieve.sql): Reciprocal Rank Fusion of the ranks, or a convex
 # combination (alpha x BM25 + (1 - alpha) x cosine similarity) of the scores min-max normalised per leg.
 Fusion = Literal["rrf", "convex"]
-# RRF's k: a hit at rank r of a leg adds 1 / (k + r); the default of every door (agentdb.retrieve's too).
-RRF_K = 60
 
 
 @dataclass
@@ -172,4 +171,4 @@ def retrieve(
     return Result(route=payload["route"], hits=hits, diagnostics=payload["diagnostics"])
 
 
-__all__ = ["ROW_FIELDS", "RRF_K", "AgentDBError", "Fusion", "Hit", "Mode", "Result", "retrieve"]
+__all__ = ["ROW_FIELDS", "AgentDBError", "Fusion", "Hit", "Mode", "Result", "retrieve"]
