@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 
-from agentdb.agent.models import QuerySpec
 from agentdb.agent.scope import in_query
 from agentdb.agent.validate import Plan
 from agentdb.auth import Principal, read_scope
@@ -37,18 +36,18 @@ def run_query(
     conn: psycopg.Connection[Any],
     index: int,
     query: str,
-    spec: QuerySpec,
-    fields: list[str] | None,
     principal: Principal | None,
     plan: Plan,
     embedder_for: Callable[[str], Embedder],
 ) -> QueryOutcome:
-    """Query `index` of a request whose user text is `query`, read with projection `fields`."""
+    """Query `index` of the plan, for a request whose user text is `query` (the judge of deepening reads it),
+    under the query's scope (`Plan.scope`)."""
+    spec = plan.queries[index]
     mode, lexical_text, dense_text = plan.legs[index]
     embedding = None
     if mode != "lexical" and dense_text.strip():
         embedding = embedder_for(plan.sources[index].embedding_model).embed([dense_text])[0]
-    row_filter = plan.row_filters[index]
+    scope = plan.scope(conn, index)
     results: dict[int, Result] = {}
 
     def retrieve_k(k: int) -> Result:
@@ -65,13 +64,10 @@ def run_query(
                     fusion=spec.fusion,
                     alpha=spec.alpha,
                     threshold=spec.threshold,
-                    filter=spec.filter,
-                    filter_query=spec.filter_query,
-                    exclusion_query=spec.exclusion_query,
-                    fields=fields,
+                    **scope.filters(),
+                    fields=scope.fields,
                     query_embedding=embedding,
                     group_by_doc=True,
-                    row_filter=row_filter,
                     output_results=plan.diagnostics,
                 )
         return results[k]
@@ -121,11 +117,8 @@ def run_query(
                 spec.table,
                 outcome.hits,
                 plan.expand_window,
-                filter=spec.filter,
-                row_filter=row_filter,
-                fields=fields,
-                filter_query=spec.filter_query,
-                exclusion_query=spec.exclusion_query,
+                **scope.filters(),
+                fields=scope.fields,
             )
     return outcome
 

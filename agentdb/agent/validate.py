@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from agentdb.agent.models import FullTextSearch, Legs, QuerySpec, RetrievalOptions, RetrievalRequest
-from agentdb.agent.navigate import NavigationOptions
+from agentdb.agent.navigate import NavigationOptions, Scope
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
 from agentdb.config import Settings
 from agentdb.deepening import DeepeningOptions
@@ -46,6 +46,19 @@ class Plan:
     generation: GenerationStep | None = None
     generator: UsageMeter | None = None
     meters: list[UsageMeter] = field(default_factory=list)
+
+    def scope(self, conn: psycopg.Connection[Any], i: int) -> Scope:
+        """Where query `i` reads: its source under its filters, the caller's row filter and projection."""
+        spec = self.queries[i]
+        return Scope(
+            conn,
+            spec.table,
+            filter=spec.filter,
+            filter_query=spec.filter_query,
+            exclusion_query=spec.exclusion_query,
+            row_filter=self.row_filters[i],
+            fields=self.projections[i],
+        )
 
     def usage(self) -> Usage:
         total = Usage()
