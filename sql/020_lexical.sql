@@ -326,10 +326,40 @@ declare
     layout text := agentdb_internal.lexical_layout_for_write(lexical_write.source_id);
     stmt text;
     delta agentdb_internal.lexical_delta;
+    removed_chunks bigint;
+    removed_len bigint;
+    removed_terms text[];
+    removed_dfs int[];
 begin
     select * into strict src from agentdb.sources s where s.id = lexical_write.source_id;
     rel := format('(select * from %I.%I r where r.doc_id = any ($2))', src.table_schema, src.table_name);
-    if op = 'remove' then
+    if op = 'remove' and src.distributed then
+        -- Citus refuses a statement that reads a distributed table and writes a reference table when the
+        -- read goes to one shard (all of doc_ids hash there). So the removed chunks' count and length are
+        -- read first and their postings deleted on their shards, each statement touching one kind of table;
+        -- then the statistics lose those values, as lexical_remove_sql's statements take them off.
+        execute format($q$
+            select count(*), coalesce(sum((select sum(coalesce(cardinality(t.positions), 1))
+                                           from unnest(r.agentdb_tsv) t)), 0)
+            from %s r$q$, rel) into removed_chunks, removed_len using src.id, doc_ids;
+        execute format($q$
+            with gone as (
+                delete from agentdb.postings p
+                using %s o cross join lateral unnest(o.agentdb_tsv) as t
+                where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
+                  and p.doc_id = o.doc_id
+                returning p.term
+            )
+            select coalesce(array_agg(term order by term), '{}'), coalesce(array_agg(n order by term), '{}')
+            from (select term, count(*)::int as n from gone group by term) g$q$, rel)
+            into removed_terms, removed_dfs using src.id, doc_ids;
+        update agentdb.corpus_stats c set n_chunks = c.n_chunks - removed_chunks, total_len = c.total_len - removed_len
+        where c.source_id = src.id;
+        update agentdb.term_stats s set df = s.df - g.n
+        from unnest(removed_terms, removed_dfs) g(term, n)
+        where s.source_id = src.id and s.term = g.term;
+        delete from agentdb.term_stats s where s.source_id = src.id and s.df <= 0;
+    elsif op = 'remove' then
         foreach stmt in array agentdb.lexical_remove_sql(rel, layout, 'doc_id') loop
             execute stmt using src.id, doc_ids;
         end loop;

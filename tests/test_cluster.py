@@ -336,6 +336,12 @@ def test_a_distributed_source_answers_as_one_node(
             )
         assert refused.value.path == "lexical_layout"
         assert conn.execute("select to_regclass('agentdb_docs.blocky')").fetchone() == (None,)
+    # One document's removal reads one shard and writes the reference statistics (the bug it once was: a
+    # 500, "cannot perform select on a distributed table and modify a reference table").
+    for url in (coordinator, db_url):
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
+            assert client.delete("/sources/equal/documents/d30").status_code == 204
+            assert client.get("/sources/equal/documents/d30").status_code == 404
     cluster_stats, one_node_stats = _statistics(coordinator), _statistics(db_url)
     assert cluster_stats == one_node_stats
     assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
