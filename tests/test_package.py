@@ -3,8 +3,10 @@ and a failure of agentdb itself answered as an InternalError envelope, never a t
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +62,20 @@ def test_an_unexpected_failure_is_an_internal_error_envelope(db_url: str) -> Non
     assert response.json() == {"error": InternalError().to_dict()}
     assert response.json()["error"]["code"] == 1500
     assert "secret" not in response.text
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_layout_names_what_is_in_the_tree() -> None:
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w./-]+/[\w./-]*)`", layout))
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, f"the README's Layout names paths that do not exist: {missing}"
+    rooms = {
+        f"{p.parent.name}/{p.name}/" for p in (ROOT / "agentdb").iterdir() if (p / "__init__.py").exists()
+    }
+    rooms |= {"navigation/", "sql/", "migrations/", "ext/", "tests/", "bench/", "examples/", "docs/"}
+    unnamed = sorted(room for room in rooms if room not in named)
+    assert not unnamed, f"the README's Layout does not name: {unnamed}"
