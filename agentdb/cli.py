@@ -612,7 +612,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_nav(args: argparse.Namespace) -> None:
-    from agentdb.agent.evaluate import evaluate_navigation
+    from agentdb.agent.navigation.eval_nav import evaluate_navigation
     from agentdb.evaluation import load_questions, navigation_table, split_by_id
 
     questions = load_questions(Path(args.questions))
@@ -890,7 +890,7 @@ def cmd_memory_list(args: argparse.Namespace) -> None:
 
 def cmd_memory_write(args: argparse.Namespace) -> None:
     from agentdb.memory import StoreSpec, write_records
-    from agentdb.memory.evaluate import load_records
+    from agentdb.memory.eval_memory import load_records
     from agentdb.sources import FieldSpec
 
     records: list[dict[str, Any]] = []
@@ -1059,7 +1059,7 @@ def cmd_memory_drop(args: argparse.Namespace) -> None:
 
 def cmd_eval_memory(args: argparse.Namespace) -> None:
     from agentdb.evaluation import split_by_id
-    from agentdb.memory.evaluate import evaluate_memory, load_cases, memory_table
+    from agentdb.memory.eval_memory import evaluate_memory, load_cases, memory_table
 
     halves = split_by_id(load_cases(Path(args.cases)), lambda c: c.id)
     scores = {}

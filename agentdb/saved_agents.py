@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentdb.agent import MAX_QUERY_CHARS, RetrievalRequest, RetrievalResponse, respond, run, validate
-from agentdb.agent.navigate import NavigationOptions
+from agentdb.agent.navigation.options import NavigationOptions
 from agentdb.auth import Principal, check_filter, check_table, check_tool, read_scope
 from agentdb.config import RRF_K, Settings
 from agentdb.errors import (

@@ -9,7 +9,7 @@ window (3, the default, and 1), in the same run:
   * SQL only: one statement through psycopg, `agentdb.expand(.., (agentdb.retrieve(..)->'hits')::jsonb, window)` (or
     `agentdb.retrieve` alone for window 1), with the query vector computed beforehand: the database's work;
   * embed: the query embedding alone (dense and hybrid), as the server computes it;
-  * Python API: `agentdb.retrieval.retrieve` then `agentdb.expansion.expand`, embedding included;
+  * Python API: `agentdb.retrieval.retrieve` then `agentdb.agent.expansion.expand`, embedding included;
   * HTTP: `agentdb serve` (uvicorn) on 127.0.0.1, one httpx client, keep-alive; and the request's own
     cost, HTTP minus SQL minus embed per question: everything the endpoint adds (routing, validation,
     connection checkout, the caller's and the source's lookups, building and sending the response).
@@ -132,12 +132,12 @@ def main() -> int:
     import httpx
     import psycopg
 
+    from agentdb.agent.expansion import expand
     from agentdb.cli import DEMO_SOURCE
     from agentdb.cli import main as agentdb_main
     from agentdb.db.pool import configure
     from agentdb.embed import load_embedder
     from agentdb.evaluation import load_questions
-    from agentdb.expansion import expand
     from agentdb.retrieval import retrieve
     from agentdb.sources import get_source
 
@@ -303,7 +303,7 @@ def main() -> int:
     print(
         "ms, p50 over the questions of each question's best of "
         f"{args.repeat} passes. SQL: retrieve (+ expand) as one statement through psycopg, query vector given;\n"
-        "embed: the query embedding alone; Python API: agentdb.retrieval.retrieve (+ agentdb.expansion.expand),\n"
+        "embed: the query embedding alone; Python API: agentdb.retrieval.retrieve (+ agentdb.agent.expansion.expand),\n"
         "embedding included; HTTP: agentdb serve on loopback, one keep-alive client; step: the query step's own\n"
         "duration_ms in the response (first pass); own: HTTP - SQL - embed per question (the endpoint's own cost);\n"
         "HTTP-API: HTTP - Python API per question (what the door adds to the same call from Python; unlike own, it\n"

@@ -49,7 +49,7 @@ def main() -> None:
     from agentdb.embed import load_embedder
     from agentdb.evaluation import split_by_id
     from agentdb.memory import StoreSpec, drop_store, find_store, write_records
-    from agentdb.memory.evaluate import evaluate_memory, load_cases, load_records
+    from agentdb.memory.eval_memory import evaluate_memory, load_cases, load_records
 
     conn = open_embedded(CACHE / "memory")
     embedder = load_embedder()

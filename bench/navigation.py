@@ -51,7 +51,7 @@ def main() -> None:
 
     import psycopg
 
-    from agentdb.agent.evaluate import evaluate_navigation
+    from agentdb.agent.navigation.eval_nav import evaluate_navigation
     from agentdb.cli import DEMO_SOURCE
     from agentdb.cli import main as agentdb_main
     from agentdb.config import Settings
@@ -157,7 +157,7 @@ def _runbook_paths(conn: Any) -> dict[str, dict[str, dict[str, Any]]]:
     path's steps visited. Per chooser, per half."""
     import orjson
 
-    from agentdb.agent.navigate import Scope, SqlEdges, SqlNodes, SqlScorer
+    from agentdb.agent.navigation.sql import Scope, SqlEdges, SqlNodes, SqlScorer
     from agentdb.cli import main as agentdb_main
     from agentdb.embed import load_embedder
     from agentdb.evaluation import split_by_id

@@ -19,8 +19,8 @@ navigation (hybrid)" row exactly):
   Restore > ..." embedded with the source's model, cached in bench/.cache/navigation_title_paths.npy), the
   relevance gaining title_w x their cosine similarity with the query.
 
-Each request runs through the agent pipeline as HTTP runs it (agentdb.agent.evaluate.evaluate_navigation),
-with the ranked branch of agentdb.agent.walk.walk replaced by `walk` below, which is that branch with the
+Each request runs through the agent pipeline as HTTP runs it (agentdb.agent.navigation.eval_nav.evaluate_navigation),
+with the ranked branch of agentdb.agent.navigation.step.walk replaced by `walk` below, which is that branch with the
 variant's hooks (a copy for the experiment: with no hook on it walks, scores and orders exactly as the
 default). Appends one line per variant and half to bench/results/navigation_ideas.jsonl. A benchmark, not a
 test.
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from _common import CACHE, RESULTS, ROOT, embedded_url, machine_facts
 
+import agentdb.agent.navigation.step as W
 import agentdb.agent.pipeline as pipeline
-import agentdb.agent.walk as W
 from agentdb.db import run_sql
 from navigation import ContextScorer, answer_order
 from navigation.budget import Budget
@@ -171,7 +171,7 @@ def query_terms(conn: Any, query: str) -> dict[str, float]:
 def walk(scope: Any, options: Any, *, query: str, seeds: Any, mode: Any, limit: int, embedding: Any,
          fusion: Any = "rrf", alpha: float = 0.5, rrf_k: int = 60, threshold: float = 0.5,
          **_: Any) -> W.WalkOutcome:  # fmt: skip
-    """The ranked branch of agentdb.agent.walk.walk (start at the seed hits and their parents), with the hooks."""
+    """The ranked branch of agentdb.agent.navigation.step.walk (start at the seed hits and their parents), with the hooks."""
     started = time.perf_counter()
     edges, nodes = W.SqlEdges(scope, options.index), W.SqlNodes(scope)
     seed_keys = W._unique([h.id for h in seeds])
@@ -297,7 +297,7 @@ def main() -> None:
 
     import psycopg
 
-    from agentdb.agent.evaluate import evaluate_navigation
+    from agentdb.agent.navigation.eval_nav import evaluate_navigation
     from agentdb.cli import main as agentdb_main
     from agentdb.config import Settings
     from agentdb.db.pool import configure

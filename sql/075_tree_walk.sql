@@ -1,5 +1,5 @@
 -- Ranked tree navigation for analysts: the SQL door of `steps.retrieval.navigation` with strategy "tree" and
--- selection "ranked" (agentdb.agent.walk + navigation.rank_tree), returning the same documents in the same
+-- selection "ranked" (agentdb.agent.navigation.step + navigation.rank_tree), returning the same documents in the same
 -- order with the same scores for the same request. Every read is the caller's: nodes through agentdb.read,
 -- children and links through agentdb.neighbors, relevance through agentdb.score_keys, seeds through
 -- agentdb.retrieve.

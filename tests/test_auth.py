@@ -683,8 +683,8 @@ def test_expansion_and_document_fetch_under_the_role(
 ) -> None:
     """Neighbour expansion and the document fetch read through the role's relation: windows only over its
     rows (its row filter reads a field outside its grant), no text without "text", no hidden key."""
+    from agentdb.agent.expansion import expand
     from agentdb.api.documents import get_document
-    from agentdb.expansion import expand
 
     acme = sorted(d for d, t in tenants.items() if t == "acme")
     hits = [{"id": acme[0], "chunk": 1, "rank": 1}, {"id": "t01", "chunk": 1, "rank": 2}]  # t01 is umbrella's

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agentdb.deepening import JUDGE_TOOL, DeepeningOptions, RoundSummary, deepen
+from agentdb.agent.deepening import JUDGE_TOOL, DeepeningOptions, RoundSummary, deepen
 from agentdb.errors import InferenceTimeout, InvalidParamValue
 from agentdb.llm import ScriptedModel, ScriptedTimeout, Usage, UsageMeter, text_message, tool_use_message
 from agentdb.retrieval import Hit

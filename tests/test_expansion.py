@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from agentdb.agent.expansion import expand
 from agentdb.errors import InvalidParamValue, StorageFileNotFound
-from agentdb.expansion import expand
 from agentdb.ingest.chunking import chunk_text
 from agentdb.retrieval import Hit, retrieve
 from agentdb.sources import FieldSpec, create_document_source

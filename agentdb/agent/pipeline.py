@@ -14,10 +14,10 @@ import psycopg
 
 from agentdb.agent.merge import merge
 from agentdb.agent.models import AgentHit, MemoryOptions, QuerySpec, RetrievalRequest, RetrievalResponse
+from agentdb.agent.navigation.step import WalkOutcome, walk
 from agentdb.agent.query import QueryOutcome, run_query
 from agentdb.agent.stream import stream_call
 from agentdb.agent.validate import Plan, validate
-from agentdb.agent.walk import WalkOutcome, walk
 from agentdb.auth import Principal, read_scope
 from agentdb.config import Settings
 from agentdb.embed import Embedder, load_embedder

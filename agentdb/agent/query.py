@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg
 
+from agentdb.agent.deepening import RoundSummary, deepen
+from agentdb.agent.expansion import expand
 from agentdb.agent.scope import in_query
 from agentdb.agent.validate import Plan
 from agentdb.auth import Principal, read_scope
-from agentdb.deepening import RoundSummary, deepen
 from agentdb.embed import Embedder
-from agentdb.expansion import expand
 from agentdb.retrieval import Hit, Mode, Result, retrieve
 
 

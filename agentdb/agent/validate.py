@@ -8,11 +8,12 @@ from typing import Any
 
 import psycopg
 
+from agentdb.agent.deepening import DeepeningOptions
 from agentdb.agent.models import FullTextSearch, Legs, QuerySpec, RetrievalOptions, RetrievalRequest
-from agentdb.agent.navigate import NavigationOptions, Scope
+from agentdb.agent.navigation.options import NavigationOptions
+from agentdb.agent.navigation.sql import Scope
 from agentdb.auth import Principal, check_fields, check_filter, check_table, check_tool
 from agentdb.config import Settings
-from agentdb.deepening import DeepeningOptions
 from agentdb.errors import AgentDBError, InvalidParamValue, parse_params
 from agentdb.filters import validate_filter
 from agentdb.generation import GenerationStep

@@ -22,7 +22,7 @@ from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, St
 from agentdb.filters import compile_filter
 from agentdb.ingest.pipeline import Document, IngestReport, ingest
 from agentdb.ingest.readers import Located
-from agentdb.reader import read
+from agentdb.scoped_reader import read
 from agentdb.sources import FieldSpec, Source, get_source, write_lexical
 
 router = APIRouter(tags=["documents"], route_class=DatabaseRoute)

@@ -25,7 +25,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from agentdb import agent
-from agentdb.agent.navigate import NavigationOptions, Scope, SqlNodes
+from agentdb.agent.navigation.options import NavigationOptions
+from agentdb.agent.navigation.sql import Scope, SqlNodes
 from agentdb.api.catalog import visible_sources
 from agentdb.api.documents import get_document
 from agentdb.api.indexes import node_neighbors

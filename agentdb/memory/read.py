@@ -46,7 +46,7 @@ def get_record(
     """Record `record_id` of the caller's store, read through the one scoped reader (agentdb.read) under the
     caller's role, with the entities it mentions and the relations it asserted (history too); reading it
     updates its last-accessed time. 3010 when there is no such record (or store)."""
-    from agentdb.reader import read
+    from agentdb.scoped_reader import read
 
     allowed(principal)
     name = resolve_store_name(store, variables)

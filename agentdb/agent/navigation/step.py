@@ -1,6 +1,6 @@
 """The navigation step of the pipeline: walk a tree or graph index from the seed query's hits (or a start
 key), ranked (best-first by hybrid relevance, no model) or agentic (the model moves one node per turn),
-and turn the visits into hits and steps. Every read is the scoped reader's (agentdb.agent.navigate)."""
+and turn the visits into hits and steps. Every read is the scoped reader's (agentdb.agent.navigation.sql)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from agentdb.agent.models import MAX_LIMIT
-from agentdb.agent.navigate import NavigationOptions, Scope, SqlEdges, SqlNodes, SqlScorer
+from agentdb.agent.navigation.options import NavigationOptions
+from agentdb.agent.navigation.sql import Scope, SqlEdges, SqlNodes, SqlScorer
 from agentdb.config import RRF_K
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
