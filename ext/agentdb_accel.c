@@ -426,7 +426,23 @@ kth_largest(double *s, int64 n, int64 k)
 	return s[target];
 }
 
-/* theta: the k-th best score held (0 while fewer are held), a hair lower so that rounding drops no tie. */
+/*
+ * Scores leave both paths rounded to a grid of 1e-9 (the SQL side's agentdb_internal.bm25_round): two chunks
+ * whose BM25 is mathematically equal then carry the same score whatever order their terms were summed in, and
+ * rank by chunk id on both paths.
+ */
+#define SCORE_GRID 1e9
+
+static double
+round_score(double score)
+{
+	return rint(score * SCORE_GRID) / SCORE_GRID;
+}
+
+/*
+ * theta: the k-th best score held (0 while fewer are held), a hair lower, relatively and by more than the
+ * rounding grid, so that neither float rounding nor the rounding of scores drops a tie.
+ */
 static double
 threshold(acc_hash *acc, int64 k, double *buf)
 {
@@ -442,7 +458,7 @@ threshold(acc_hash *acc, int64 k, double *buf)
 		CHECK_FOR_INTERRUPTS();
 		buf[n++] = e->score;
 	}
-	return kth_largest(buf, n, k) * (1 - 1e-9);
+	return kth_largest(buf, n, k) * (1 - 1e-9) - 1 / SCORE_GRID;
 }
 
 typedef struct Hit
@@ -672,7 +688,7 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		if (e->score >= theta)
 		{
 			hits[nhits].cid = e->cid;
-			hits[nhits].score = e->score;
+			hits[nhits].score = round_score(e->score);
 			nhits++;
 		}
 	}

@@ -24,6 +24,13 @@
 -- can add, remove or merge), so concurrent writers of one source overlap in all but adding their statistics
 -- (agentdb_internal.lexical_apply); a removal rewrites existing blocks and does all of it under the lock.
 
+-- A BM25 score as every lexical leg returns it: rounded to a grid of 1e-9 (the C cursor's round_score, in
+-- ext/agentdb_accel.c, is the same). Chunks whose scores are mathematically equal then carry the same score
+-- whatever order their terms were summed in, and rank by chunk id alike on every path. round(float8) is C's
+-- rint, as in the cursor. Inlined (plain SQL).
+create or replace function agentdb_internal.bm25_round(score float8) returns float8
+language sql immutable parallel safe as $$ select round(score * 1e9) / 1e9 $$;
+
 -- The block postings of the named `terms` of source `source_id`, one a row (term, chunk_id, tf, dl), of the
 -- chunks that the active principal may read (agentdb.principal_block_predicate, sql/050_principals.sql, says
 -- which): nothing for anyone else, nor for a source outside its grant. SECURITY DEFINER: principals' roles

@@ -140,9 +140,10 @@ declare
     -- The held chunks, as a relation s(chunk_id, known).
     held constant text := 'unnest($1::bigint[], $2::float8[]) as s(chunk_id, known)';
     -- theta ($11), or the cand-th best known score in relation %s (aliased s) among chunks that pass the filter
-    -- if greater (0 if fewer pass), a hair lower so that float rounding never drops a tie.
+    -- if greater (0 if fewer pass), a hair lower (relatively, and by more than the 1e-9 grid of
+    -- agentdb_internal.bm25_round) so that neither float rounding nor the rounding of scores drops a tie.
     kth constant text := $q$
-        select greatest($11, coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9)) $q$;
+        select greatest($11, coalesce((select s.known from %s %s order by s.known desc offset $3 - 1 limit 1), 0) * (1 - 1e-9) - 1e-9) $q$;
     -- How many chunks beyond cand the seed and essential steps score exactly to prime theta (each costs one
     -- lookup a term after the step).
     prime_chunks constant int := 100;
@@ -247,7 +248,8 @@ begin
         end if;
     end loop;
 
-    return query execute format('select s.chunk_id, s.known from %s %s order by s.known desc, s.chunk_id limit $3',
+    return query execute format('select s.chunk_id, agentdb_internal.bm25_round(s.known) as known from %s %s'
+                                ' order by known desc, chunk_id limit $3',
                                 held, filter_sql)
         using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
               theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
@@ -548,7 +550,7 @@ begin
         -- filter's join co-located) and returns its best cand; the coordinator merges them by score. The
         -- statistics in the weights and $11 are the source's, not the shard's.
         sparse_sql := format($q$
-            select s.chunk_id as cid, s.known::float8 as bm25
+            select s.chunk_id as cid, agentdb_internal.bm25_round(s.known) as bm25
             from (select p.doc_id, p.chunk_id,
                          sum(t.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
                   from unnest($2, $21) as t(term, wk)
@@ -563,7 +565,7 @@ begin
             ' $13, %L, $5, $6, $14, $17, $18) m', filter_join);
     elsif qt.postings <= seed_budget then
         sparse_sql := format($q$
-            select s.chunk_id as cid, s.known::float8 as bm25
+            select s.chunk_id as cid, agentdb_internal.bm25_round(s.known) as bm25
             from (select p.chunk_id, sum(p.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
                   from agentdb_internal.term_postings($9, $2, $21) p
                   group by p.chunk_id) s

@@ -129,6 +129,36 @@ def test_both_paths_answer_alike(
             assert_same(answers["accel"], answers["sql"])
 
 
+def test_exact_ties_rank_by_chunk_id_on_both_paths(conn: psycopg.Connection[Any]) -> None:
+    """Chunks whose BM25 is mathematically equal (the same words, each written in another order, among chunks
+    that vary the lengths and frequencies) carry bit-for-bit the same score on both paths, whatever order
+    each summed the terms in, and so rank by chunk id on both: a top k that cuts a tie group keeps the same
+    chunks."""
+    create_document_source(conn, "ties", embedding_model="m", embedding_dim=DIM, lexical_layout="blocks")
+    rng = random.Random(7)
+    rows = _rows(rng, 240)
+    words = WORDS[:6]
+    tied = words * 2
+    for i, (doc, chunk, _, meta, vec) in enumerate(rows):
+        if i % 4 == 1:  # the tie group: each query word twice, in an order of its own
+            rows[i] = (doc, chunk, " ".join(rng.sample(tied, len(tied))), meta, vec)
+        elif i % 2 == 0:  # chunks of other lengths and frequencies of the same words
+            rows[i] = (doc, chunk, " ".join(rng.choices(words, k=rng.randint(3, 20))), meta, vec)
+    _copy(conn, rows, names=("ties",))
+    for query in (" ".join(words), " ".join(words[::-1]), " ".join(words[1:5])):
+        answers = {}
+        for path in PATHS:
+            _on(conn, path)
+            result = retrieve(conn, "ties", query, mode="lexical", top_k=40)
+            assert result.diagnostics["parameters"]["lexical_path"] == path
+            answers[path] = [(h.id, h.score) for h in result.hits]
+        assert answers["accel"] == answers["sql"]
+        scores = [s for _, s in answers["sql"]]
+        assert len(set(scores)) < len(scores), "the corpus must hold ties inside the top k"
+        # one chunk a document, the documents named in the order they were written: id order is chunk id order
+        assert answers["sql"] == sorted(answers["sql"], key=lambda h: (-h[1], h[0]))
+
+
 def test_a_principal_reaches_the_cursor_only_through_its_policy(
     conn: psycopg.Connection[Any], corpus: random.Random, reader: Any
 ) -> None:
