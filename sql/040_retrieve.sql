@@ -533,7 +533,9 @@ begin
     -- The lexical leg may skip the join to the source table only when no row can be hidden from it: no
     -- filter, and no row-level security in force for the current role, or a principal's role, which
     -- reads only the postings of chunks it can read (its policy on agentdb.postings).
-    filter_join := case when open_rows or (principal and pred = 'true' and row_pred = 'true')
+    -- On a source distributed by Citus a principal's policy on the postings names its sources only (a policy
+    -- there takes no subquery), so its lexical leg always joins the rows it can read.
+    filter_join := case when open_rows or (principal and not src.distributed and pred = 'true' and row_pred = 'true')
                    then ''
                    else format('join %s c on %sc.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                rel, case when src.distributed then 'c.doc_id = s.doc_id and ' end, pred, row_pred) end;

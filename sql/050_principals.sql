@@ -88,7 +88,11 @@ begin
         return next;
         return;
     end if;
-    if src.kind = 'documents' then
+    if src.kind = 'documents' and src.distributed then
+        -- A source distributed by Citus, whose policies take no subquery: this is the body of the principal's
+        -- row function (principal_grant), called with the row's doc_id and metadata.
+        cols := '$1 as doc_id, $2 as metadata';
+    elsif src.kind = 'documents' then
         cols := format('%1$I.%2$I.doc_id, %1$I.%2$I.metadata', src.table_schema, src.table_name);
     else
         select string_agg(format('%I.%I.%I', src.table_schema, src.table_name, col), ', ')
@@ -268,6 +272,16 @@ begin
 end;
 $$;
 
+-- Whether the current role can see source `source_id`'s catalog row (under the policies of agentdb.sources):
+-- on a Citus coordinator, the policy of agentdb.corpus_stats, a reference table whose policies take no
+-- subquery (agentdb/db/distribute.py). PL/pgSQL so that it is called, not inlined into the policy.
+create or replace function agentdb_internal.source_visible(source_id int) returns boolean
+language plpgsql stable as $$
+begin
+    return exists (select 1 from agentdb.sources s where s.id = source_visible.source_id);
+end;
+$$;
+
 -- The term statistics of the named `terms` of source `source_id` (rows of agentdb.term_stats), for a
 -- principal's role, which cannot read agentdb.term_stats itself: a lookup and never a listing, so the role
 -- learns the document frequency of a term it names (as scores would tell it) but not the vocabulary of rows
@@ -333,6 +347,14 @@ begin
         end if;
     end loop;
     execute format('drop policy if exists %I on agentdb.postings', obj);
+    if exists (select 1 from pg_extension where extname = 'citus') then
+        -- On a Citus coordinator the postings are distributed and their policy can take no subquery: the role
+        -- sees the postings of its sources only, and the lexical leg of a principal's read joins them to the
+        -- rows the role can read (agentdb.retrieve), so no hit, score or count comes from another row.
+        execute format('create policy %I on agentdb.postings as restrictive for select to %I'
+                       ' using (postings.source_id = any (%L::int[]))', obj, p.role, source_ids);
+        return;
+    end if;
     execute format($f$
         create or replace function agentdb.%I(source_id int) returns table (visible_chunk bigint)
         language sql stable as %L
@@ -364,7 +386,11 @@ begin
     if not found then
         perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown principal id %s', principal_id), 'name');
     end if;
-    execute format('create role %I nologin noinherit', p.role);
+    -- On a Citus coordinator the role's reads open connections to the workers as the role, so it may log in;
+    -- it has no password, so a server that asks for one (every door but the cluster's trusted local
+    -- sockets, or an authinfo entry in pg_dist_authinfo) still lets no one in as it.
+    execute format('create role %I %s noinherit', p.role,
+                   case when exists (select 1 from pg_extension where extname = 'citus') then 'login' else 'nologin' end);
     -- The application must be able to SET ROLE to it; a superuser always can. Membership without
     -- inheritance (PostgreSQL 16+) keeps the application's own privileges unchanged.
     if not (select rolsuper from pg_roles where rolname = current_user) then
@@ -394,6 +420,7 @@ declare
     rel text;
     keys text[];
     foreign_policies text[];
+    row_fn text;
 begin
     select * into p from agentdb.principals where id = principal_id;
     execute format('grant usage on schema agentdb, agentdb_docs, agentdb_internal to %I', p.role);
@@ -405,9 +432,15 @@ begin
                    ' to %I', p.role);
     execute format($f$
         create or replace function agentdb.%I(source_id int) returns jsonb
-        language sql stable security definer set search_path = pg_catalog, pg_temp as
+        language sql stable security definer set search_path = pg_catalog, pg_temp%s as
         $b$ select g.params from agentdb.principal_grants g where g.principal_id = %s and g.source_id = $1 $b$
-        $f$, fn, principal_id);
+        $f$, fn,
+        -- On a Citus coordinator the policies of a distributed source call it on the shards, where a read of
+        -- agentdb.principal_grants (a reference table, with a copy on that node) counts as a nested
+        -- distributed query, which Citus refuses unless allowed.
+        case when exists (select 1 from pg_extension where extname = 'citus')
+             then ' set citus.allow_nested_distributed_execution = on' else '' end,
+        principal_id);
     execute format('comment on function agentdb.%I(int) is %L', fn,
                    format('row filter values of principal %s, for its row-level security policies', p.name));
     execute format('revoke all on function agentdb.%I(int) from public', fn);
@@ -429,6 +462,17 @@ begin
             end if;
         end if;
         select * into pol from agentdb.principal_policy_sql(principal_id, src, p.row_filter);
+        -- Citus refuses a subquery in a policy of a distributed table ("unexpected non-SELECT command in
+        -- SubLink"): there the policy calls the principal's row function for the source, whose body is the
+        -- policy's subquery over its arguments (Citus creates it on every node).
+        if src.distributed and pol.expr not in ('true', 'false') then
+            row_fn := format('principal_row_%s_%s', principal_id, src.id);
+            execute format('create or replace function agentdb.%I(doc_id text, metadata jsonb) returns boolean'
+                           ' language sql stable as %L', row_fn, 'select ' || pol.expr);
+            execute format('revoke all on function agentdb.%I(text, jsonb) from public', row_fn);
+            execute format('grant execute on function agentdb.%I(text, jsonb) to %I', row_fn, p.role);
+            pol.expr := format('agentdb.%I(doc_id, metadata)', row_fn);
+        end if;
         insert into agentdb.principal_grants (principal_id, source_id, params) values (principal_id, src.id, pol.params);
         execute format('grant usage on schema %I to %I', src.table_schema, p.role);
         execute format('grant select (%s) on %s to %I',
@@ -516,6 +560,11 @@ begin
     if not found then
         return;
     end if;
+    -- On a Citus coordinator: one connection per node for the rest of the transaction, since it drops
+    -- policies of distributed tables and then functions (which Citus drops on every node over one connection).
+    if exists (select 1 from pg_extension where extname = 'citus') then
+        perform set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    end if;
     for src in
         select s.table_schema, s.table_name from agentdb.sources s where s.name = any(p.tables)
     loop
@@ -524,6 +573,12 @@ begin
     execute format('drop policy if exists %I on agentdb.postings', obj);
     execute format('drop function if exists agentdb.%I(int)', agentdb.principal_params_function(principal_id));
     execute format('drop function if exists agentdb.%I(int)', agentdb.principal_chunks_function(principal_id));
+    for nsp in
+        select x.proname from pg_proc x
+        where x.pronamespace = 'agentdb'::regnamespace and x.proname like format('principal\_row\_%s\_%%', principal_id)
+    loop
+        execute format('drop function if exists agentdb.%I(text, jsonb)', nsp);
+    end loop;
     delete from agentdb.principal_grants g where g.principal_id = principal_revoke.principal_id;
     if not exists (select 1 from pg_roles where rolname = p.role) then
         return;

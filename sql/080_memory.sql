@@ -204,10 +204,12 @@ begin
             primary key (entity_id, record_id)
         ) $q$, men, ent, rec);
     execute format('create index %I on %s (record_id)', format('s%s_mentions_record', sid), men);
+    -- The predicates computed first: on a Citus coordinator memory_stores is a reference table, and Citus
+    -- refuses a subquery in an INSERT's values.
+    single_valued := array(select distinct upper(p) from unnest(coalesce(single_valued, '{}')) p order by 1);
     insert into agentdb.memory_stores (id, owner, name, source_id, schema_name, single_valued)
     overriding system value
-    values (sid, owner, name, src_id, schema_name,
-            array(select distinct upper(p) from unnest(coalesce(single_valued, '{}')) p order by 1));
+    values (sid, owner, name, src_id, schema_name, single_valued);
     perform agentdb_internal.memory_grant(sid);
     return sid;
 end;

@@ -19,14 +19,16 @@ import psycopg
 import pytest
 from conftest import citus_source
 from fastapi.testclient import TestClient
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
+from agentdb.auth import create_principal, delete_principal
 from agentdb.cli import main
 from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
 from agentdb.db.cluster import list_workers, stop_worker
-from agentdb.db.distribute import CATALOG
+from agentdb.db.distribute import CATALOG, SHARD_COUNT
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
@@ -249,10 +251,19 @@ def _random_corpus(path: Path, seed: int, count: int = 80) -> list[list[float]]:
     return [unit() for _ in range(4)]
 
 
-def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | None]]) -> list[Any]:
+def _answers(
+    url: str,
+    queries: list[tuple[str, list[float], dict[str, Any] | None]],
+    source: str = "equal",
+    role: str | None = None,
+) -> list[Any]:
+    """Each query's top 10 in four modes (with text and metadata under `role`, a principal's)."""
     rows = []
+    columns = "id, chunk, rank, score, distance, bm25_score" + (", text, metadata" if role else "")
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
+        if role:
+            conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
         for text, vector, where in queries:
             for mode, fusion in (
                 ("lexical", "rrf"),
@@ -262,10 +273,12 @@ def _answers(url: str, queries: list[tuple[str, list[float], dict[str, Any] | No
             ):
                 rows.append(
                     conn.execute(
-                        "select id, chunk, rank, score, distance, bm25_score from agentdb.search("
-                        "'equal', %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
-                        " filter => %s, fusion => %s)",
-                        (text, str(vector), mode, Jsonb(where) if where else None, fusion),
+                        sql.SQL(
+                            "select {} from agentdb.search("
+                            "%s, %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
+                            " filter => %s, fusion => %s)"
+                        ).format(sql.SQL(columns)),
+                        (source, text, str(vector), mode, Jsonb(where) if where else None, fusion),
                     ).fetchall()
                 )
     return rows
@@ -351,13 +364,87 @@ def test_a_distributed_source_answers_as_one_node(
         ("rho pi omicron xi", vectors[2], None),
         ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
     ]
-    cluster, one_node = _answers(coordinator, queries), _answers(db_url, queries)
+    _same_hits(_answers(coordinator, queries), _answers(db_url, queries))
+
+
+def _same_hits(cluster: list[Any], one_node: list[Any], scores_from: int = 3, scores_to: int = 6) -> None:
+    """The same ids, chunks, ranks (and any further columns) and every score within 1e-9."""
     assert all(rows for rows in one_node)  # every query finds something
     for got, want in zip(cluster, one_node, strict=True):
-        assert [r[:3] for r in got] == [r[:3] for r in want]
+        assert [r[:scores_from] + r[scores_to:] for r in got] == [
+            r[:scores_from] + r[scores_to:] for r in want
+        ]
         for g, w in zip(got, want, strict=True):
-            for a, b in zip(g[3:], w[3:], strict=True):
+            for a, b in zip(g[scores_from:scores_to], w[scores_from:scores_to], strict=True):
                 assert (a is None and b is None) or abs(a - b) <= 1e-9
+
+
+def test_a_restricted_principal_reads_as_on_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A principal with a row filter and a field grant on a distributed source: Citus creates its role (able to
+    log in, without a password: the coordinator reads the shards as it) and its policies on every worker's
+    shards (the row filter through the principal's row function: a policy there takes no subquery), and its
+    reads (the SQL door under its role, lexical, dense and hybrid, with and without a filter of its own; and
+    a retrieval over HTTP with its key) give one node's hits, ranks, scores, titles and projected metadata,
+    none outside its filter and no text."""
+    corpus = tmp_path / "guarded.jsonl"
+    vectors = _random_corpus(corpus, seed=21, count=60)
+    coordinator = _coordinator_url(citus_cluster)
+    roles, keys = {}, {}
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "guarded", str(corpus)]) == 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            principal, keys[url] = create_principal(
+                conn, "guard", tables=["guarded"], row_filter={"team": "t1"}, fields=["title", "team"]
+            )
+            roles[url] = principal.role
+    role = roles[coordinator]
+    for worker in list_workers(citus_cluster):
+        with psycopg.connect(worker.url(), autocommit=True) as conn:
+            assert conn.execute(
+                "select rolcanlogin from pg_roles where rolname = %s", (role,)
+            ).fetchone() == (True,)
+            # The policy is on every shard of the source this worker holds (hidden from pg_class unless asked).
+            conn.execute("set citus.override_table_visibility = off")
+            policies = conn.execute(
+                "select count(*), count(*) filter (where %s::regrole = any (p.polroles))"
+                " from pg_policy p join pg_class c on c.oid = p.polrelid where c.relname ~ '^guarded_[0-9]+$'",
+                (role,),
+            ).fetchone()
+            assert policies is not None and policies[0] == policies[1] == SHARD_COUNT // 2
+    queries = [
+        ("alpha beta", vectors[0], None),
+        ("gamma delta", vectors[1], {"team": {"$in": ["t1", "t2"]}}),
+        ("rho pi omicron xi", vectors[2], None),
+    ]
+    cluster = _answers(coordinator, queries, source="guarded", role=role)
+    one_node = _answers(db_url, queries, source="guarded", role=roles[db_url])
+    _same_hits(cluster, one_node)
+    assert all(r[7] == {"team": "t1"} and r[6] is None for rows in cluster for r in rows)
+    request = {
+        "query": "alpha beta",
+        "queries": [{"table": "guarded", "full_text_search": "alpha beta gamma", "limit": 20}],
+    }
+    answers = []
+    for url in (coordinator, db_url):
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
+            response = client.post(
+                "/agents/retrieval", json=request, headers={"Authorization": f"Bearer {keys[url]}"}
+            )
+            assert response.status_code == 200, response.text
+            answers.append([(h["_id"], h["_source"], round(h["_score"], 9)) for h in response.json()["hits"]])
+    assert answers[0] and answers[0] == answers[1]
+    # Deleting it removes its role, policies and functions from every node.
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        delete_principal(conn, "guard")
+    for url in _node_urls(citus_cluster):
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("select count(*) from pg_roles where rolname = %s", (role,)).fetchone() == (
+                0,
+            )
 
 
 def _fake_tarball(folder: Path, version: str, make_fails: bool = False) -> Path:

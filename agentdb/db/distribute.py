@@ -62,7 +62,8 @@ CATALOG = (
 # What Citus refuses on a reference table, replaced first: the catalog's two row triggers (sql/050, sql/080
 # create them only without Citus), and the two policies with subqueries ("Subqueries are not supported in
 # policies on distributed tables"). A principal's role may still read a memory store's catalog row only when
-# it may read the store's table (the same test, without the subquery), and reads no corpus statistics.
+# it may read the store's table (the same test, without the subquery), and a source's corpus statistics when
+# it may read the source's catalog row (the same test, in a function the policy calls).
 _BEFORE_REFERENCE = (
     "drop trigger if exists principals_release_source on agentdb.sources",
     "drop trigger if exists memory_stores_dropped on agentdb.memory_stores",
@@ -73,7 +74,7 @@ _BEFORE_REFERENCE = (
     " false))",
     "drop policy agentdb_corpus_stats_read on agentdb.corpus_stats",
     "create policy agentdb_corpus_stats_read on agentdb.corpus_stats for select"
-    " using (left(current_user, 10) <> 'agentdb_p_')",
+    " using (agentdb_internal.source_visible(source_id))",
 )
 
 
