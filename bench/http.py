@@ -133,8 +133,8 @@ def main() -> int:
     import psycopg
 
     from agentdb.agent.expansion import expand
-    from agentdb.cli import DEMO_SOURCE
     from agentdb.cli import main as agentdb_main
+    from agentdb.cli.demo import DEMO_SOURCE
     from agentdb.db.pool import configure
     from agentdb.embed import load_embedder
     from agentdb.evaluation import load_questions
