@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentdb.cli.common import (
-    Subparsers,
-    group,
-)
+from agentdb.cli.common import Subparsers, group
 from agentdb.errors import InvalidParamValue
 
 

@@ -8,12 +8,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from agentdb.cli.common import (
-    Subparsers,
-    cli_settings,
-    command,
-    connect,
-)
+from agentdb.cli.common import Subparsers, cli_settings, command, connect
 from agentdb.cli.server import check_port_free, cmd_serve
 from agentdb.resources import DEMO, DEMO_CORPUS, DEMO_PACK, resource, resource_path
 

@@ -7,12 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from agentdb.cli.common import (
-    Subparsers,
-    cli_settings,
-    command,
-    connect,
-)
+from agentdb.cli.common import Subparsers, cli_settings, command, connect
 from agentdb.cli.memory import add_ranking_options, memory_embedder, memory_options, memory_principal
 
 

@@ -7,12 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from agentdb.cli.common import (
-    Subparsers,
-    command,
-    connect,
-    group,
-)
+from agentdb.cli.common import Subparsers, command, connect, group
 from agentdb.errors import AgentDBError, InvalidParamValue
 
 

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 
-from agentdb.cli.common import (
-    Command,
-    Subparsers,
-    command,
-    connect,
-    field_types,
-    group,
-    split_names,
-)
+from agentdb.cli.common import Command, Subparsers, command, connect, field_types, group, split_names
 from agentdb.config import MEMORY_DECAY, MEMORY_HALF_LIFE_HOURS
 from agentdb.errors import InvalidParamValue
 
@@ -78,6 +71,25 @@ def memory_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _on_store(
+    args: argparse.Namespace, func: Callable[..., Any], *more: Any, embed: bool = False, **options: Any
+) -> Any:
+    """`func(conn, store, *more, principal=, variables=, **options)` on the command's store, as the caller or the
+    --as principal, with the command's embedder when `embed`; writers (`migrate_schema`) bring the schema up."""
+    migrate_schema = options.pop("migrate_schema", False)
+    with connect(args, migrate_schema=migrate_schema) as conn:
+        if embed:
+            options["embedder"] = memory_embedder(args)
+        return func(
+            conn,
+            args.store,
+            *more,
+            principal=memory_principal(conn, args.as_principal),
+            variables=memory_vars(args.var),
+            **options,
+        )
+
+
 def cmd_memory_list(args: argparse.Namespace) -> None:
     from agentdb.memory import list_stores
 
@@ -121,16 +133,7 @@ def cmd_memory_write(args: argparse.Namespace) -> None:
             schema=args.schema,
             single_valued=split_names(args.single_valued),
         )
-    with connect(args, migrate_schema=True) as conn:
-        report = write_records(
-            conn,
-            args.store,
-            records,
-            principal=memory_principal(conn, args.as_principal),
-            embedder=memory_embedder(args),
-            spec=spec,
-            variables=memory_vars(args.var),
-        )
+    report = _on_store(args, write_records, records, embed=True, spec=spec, migrate_schema=True)
     closed = sum(len(r.closed) for r in report.relations)
     print(
         f"{'created' if report.created_store else 'wrote to'} memory store {report.store}: {len(report.ids)} records,"
@@ -142,16 +145,8 @@ def cmd_memory_write(args: argparse.Namespace) -> None:
 def cmd_memory_recall(args: argparse.Namespace) -> None:
     from agentdb.memory import assemble, recall
 
-    with connect(args) as conn:
-        result = recall(
-            conn,
-            args.store,
-            args.query,
-            principal=memory_principal(conn, args.as_principal),
-            embedder=memory_embedder(args),
-            options={**memory_options(args), "include_history": args.history, "touch": not args.no_touch},
-            variables=memory_vars(args.var),
-        )
+    options = {**memory_options(args), "include_history": args.history, "touch": not args.no_touch}
+    result = _on_store(args, recall, args.query, embed=True, options=options)
     if args.json:
         print(result.model_dump_json())
         return
@@ -187,29 +182,14 @@ def cmd_memory_recall(args: argparse.Namespace) -> None:
 def cmd_memory_get(args: argparse.Namespace) -> None:
     from agentdb.memory import get_record
 
-    with connect(args) as conn:
-        record = get_record(
-            conn,
-            args.store,
-            args.id,
-            principal=memory_principal(conn, args.as_principal),
-            variables=memory_vars(args.var),
-            touch=not args.no_touch,
-        )
+    record = _on_store(args, get_record, args.id, touch=not args.no_touch)
     print(record.model_dump_json(indent=2))
 
 
 def cmd_memory_delete(args: argparse.Namespace) -> None:
     from agentdb.memory import delete_record
 
-    with connect(args) as conn:
-        delete_record(
-            conn,
-            args.store,
-            args.id,
-            principal=memory_principal(conn, args.as_principal),
-            variables=memory_vars(args.var),
-        )
+    _on_store(args, delete_record, args.id)
     print(f"deleted record {args.id}")
 
 
@@ -223,15 +203,7 @@ def cmd_memory_relate(args: argparse.Namespace) -> None:
         relation["record_id"] = args.record
     if args.valid_from:
         relation["valid_from"] = args.valid_from
-    with connect(args) as conn:
-        result = write_relations(
-            conn,
-            args.store,
-            [relation],
-            principal=memory_principal(conn, args.as_principal),
-            embedder=memory_embedder(args),
-            variables=memory_vars(args.var),
-        )[0]
+    result = _on_store(args, write_relations, [relation], embed=True)[0]
     closed = f"; closed {len(result.closed)} earlier" if result.closed else ""
     print(f"{result.subject} {result.predicate} {result.object}: {result.status}{closed}")
 
@@ -239,28 +211,14 @@ def cmd_memory_relate(args: argparse.Namespace) -> None:
 def cmd_memory_entity(args: argparse.Namespace) -> None:
     from agentdb.memory import get_entity
 
-    with connect(args) as conn:
-        entity = get_entity(
-            conn,
-            args.store,
-            args.name,
-            principal=memory_principal(conn, args.as_principal),
-            variables=memory_vars(args.var),
-            include_history=args.history,
-        )
+    entity = _on_store(args, get_entity, args.name, include_history=args.history)
     print(entity.model_dump_json(indent=2))
 
 
 def cmd_memory_drop(args: argparse.Namespace) -> None:
     from agentdb.memory import drop_store
 
-    with connect(args) as conn:
-        drop_store(
-            conn,
-            args.store,
-            principal=memory_principal(conn, args.as_principal),
-            variables=memory_vars(args.var),
-        )
+    _on_store(args, drop_store)
     print(f"dropped memory store {args.store}")
 
 

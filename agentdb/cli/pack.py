@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentdb.cli.common import (
-    Subparsers,
-    cli_settings,
-    command,
-    connect,
-    group,
-)
+from agentdb.cli.common import Subparsers, cli_settings, command, connect, group
 
 
 def cmd_pack_export(args: argparse.Namespace) -> None:

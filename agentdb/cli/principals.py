@@ -7,14 +7,7 @@ import sys
 
 import orjson
 
-from agentdb.cli.common import (
-    Subparsers,
-    command,
-    connect,
-    group,
-    json_arg,
-    split_names,
-)
+from agentdb.cli.common import Subparsers, command, connect, group, json_arg, split_names
 
 
 def cmd_principal_create(args: argparse.Namespace) -> None:

@@ -7,13 +7,7 @@ import sys
 
 import orjson
 
-from agentdb.cli.common import (
-    DEFAULT_THRESHOLD,
-    Subparsers,
-    command,
-    connect,
-    json_arg,
-)
+from agentdb.cli.common import DEFAULT_THRESHOLD, Subparsers, command, connect, json_arg
 from agentdb.config import RRF_K
 
 

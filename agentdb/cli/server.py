@@ -13,13 +13,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from agentdb.cli.common import (
-    Subparsers,
-    add_replica,
-    cli_settings,
-    command,
-    require_database,
-)
+from agentdb.cli.common import Subparsers, add_replica, cli_settings, command, require_database
 from agentdb.config import Settings
 from agentdb.errors import InvalidParamValue
 

@@ -12,14 +12,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from agentdb.cli.common import (
-    DEFAULT_THRESHOLD,
-    Subparsers,
-    cli_settings,
-    command,
-    connect,
-    field_types,
-)
+from agentdb.cli.common import DEFAULT_THRESHOLD, Subparsers, cli_settings, command, connect, field_types
 from agentdb.errors import AgentDBError, InvalidParamValue
 
 
