@@ -1,5 +1,5 @@
-"""What the command groups share: settings and the connection from the command line, the JSON and
-list arguments, and the parser helpers that give every command --data-dir."""
+"""What the command groups share: settings and the connection from the command line, the list
+arguments, and the parser helpers that give every command --data-dir."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeAlias
 
-import orjson
 import psycopg
 
 from agentdb.config import Settings, find_data_dir, has_database
@@ -68,15 +67,6 @@ def connect(
             require_current(conn)
         configure(conn)
         yield conn
-
-
-def json_arg(text: str | None, path: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidParamValue(f"not valid JSON: {exc}", path=path) from exc
 
 
 def split_names(text: str | None) -> list[str] | None:

@@ -7,18 +7,19 @@ import sys
 
 import orjson
 
-from agentdb.cli.common import Subparsers, command, connect, group, json_arg, split_names
+from agentdb.cli.common import Subparsers, command, connect, group, split_names
 
 
 def cmd_principal_create(args: argparse.Namespace) -> None:
     from agentdb.auth import create_principal
+    from agentdb.filters import filter_from_text
 
     with connect(args) as conn:
         principal, key = create_principal(
             conn,
             args.name,
             tables=split_names(args.tables) or [],
-            row_filter=json_arg(args.row_filter, "row_filter"),
+            row_filter=filter_from_text(args.row_filter, "row_filter"),
             fields=split_names(args.fields),
             tools=split_names(args.tools) or [],
         )

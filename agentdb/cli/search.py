@@ -7,12 +7,13 @@ import sys
 
 import orjson
 
-from agentdb.cli.common import DEFAULT_THRESHOLD, Subparsers, command, connect, json_arg
+from agentdb.cli.common import DEFAULT_THRESHOLD, Subparsers, command, connect
 from agentdb.config import RRF_K
 
 
 def cmd_search(args: argparse.Namespace) -> None:
     from agentdb.embed import load_embedder
+    from agentdb.filters import filter_from_text
     from agentdb.retrieval import retrieve
     from agentdb.sources import get_source
 
@@ -31,7 +32,7 @@ def cmd_search(args: argparse.Namespace) -> None:
             top_k=args.top_k,
             rrf_k=args.rrf_k,
             threshold=args.threshold,
-            filter=json_arg(args.filter, "filter"),
+            filter=filter_from_text(args.filter, "filter"),
             group_by_doc=args.group_by_doc,
             fusion=args.fusion,
             alpha=args.alpha,
