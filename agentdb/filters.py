@@ -31,6 +31,17 @@ def id_expression(conn: psycopg.Connection[Any], source: Source) -> str:
     return sql.SQL("c.{}::text").format(sql.Identifier(source.id_column)).as_string(conn)
 
 
+def filter_from_text(text: str | None, path: str) -> Any:
+    """A filter given as JSON text (a command-line option, a query parameter): its value, None when absent;
+    InvalidParamValue at `path` when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidParamValue(f"{path} is not valid JSON: {exc}", path=path) from None
+
+
 def _parse(filter: Any, path_prefix: str) -> Any:
     """Accept a filter as JSON text too (Tryll's `filter` is a string); empty text means no filter."""
     if isinstance(filter, bytes | str):

@@ -175,6 +175,26 @@ def wait_until_serving(
     raise SystemExit("agentdb serve did not answer within 120 s")
 
 
+def serve(
+    port: int,
+    env: dict[str, str | None],
+    *,
+    log: Path | None = None,
+    ready: Callable[[Any], bool] = lambda health: True,
+) -> subprocess.Popen[bytes]:
+    """`agentdb serve` (this tree's) on 127.0.0.1:`port`, as a user runs it, with `env` over this environment
+    (None removes a variable) and its output appended to `log` (else dropped); waits until it answers and
+    `ready` holds (wait_until_serving)."""
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    merged = {**os.environ, "PYTHONPATH": pythonpath, **env}
+    command = [sys.executable, "-m", "agentdb.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("ab") if log is not None else open(os.devnull, "wb") as out:  # noqa: SIM115
+        server = subprocess.Popen(
+            command, env={k: v for k, v in merged.items() if v is not None}, cwd=ROOT, stdout=out, stderr=out
+        )
+    return wait_until_serving(server, port, ready)
+
+
 @dataclass
 class LoadResult:
     requests: int

@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -25,12 +22,11 @@ import httpx
 from _common import (
     CACHE,
     RESULTS,
-    ROOT,
     free_port,
     machine_facts,
     open_embedded,
     percentile,
-    wait_until_serving,
+    serve,
 )
 from psycopg.types.json import Jsonb
 
@@ -127,16 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     url, key = prepare()
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": url, "AGENTDB_EMBED_INTERVAL_S": "0", "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from agentdb.cli import main; sys.exit(main(sys.argv[1:]))"]
-        + ["serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_until_serving(server, port)
+    server = serve(port, {"DATABASE_URL": url, "AGENTDB_EMBED_INTERVAL_S": "0"})
     base = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {
         "machine": machine_facts(),

@@ -43,7 +43,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -59,9 +58,9 @@ from _common import (
     load_test,
     machine_facts,
     percentile,
+    serve,
     time_systems,
     versions,
-    wait_until_serving,
 )
 
 QUESTIONS = ROOT / "examples" / "pgdocs" / "questions.jsonl"
@@ -70,24 +69,6 @@ WINDOWS = (3, 1)
 TOP_K = 10  # the endpoint's default `limit`
 THRESHOLD = 0.5  # and its defaults for the retrieval itself
 RRF_K = 60
-
-
-def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
-    """`agentdb serve` (this tree's) on 127.0.0.1:`port`, as a user runs it; waits until it answers."""
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from agentdb.cli import main; sys.exit(main(sys.argv[1:]))"]
-        + ["serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return wait_until_serving(server, port)
 
 
 def body(question: str, mode: str, window: int) -> dict[str, Any]:
@@ -133,8 +114,8 @@ def main() -> int:
     import psycopg
 
     from agentdb.agent.expansion import expand
-    from agentdb.cli import DEMO_SOURCE
     from agentdb.cli import main as agentdb_main
+    from agentdb.cli.demo import DEMO_SOURCE
     from agentdb.db.pool import configure
     from agentdb.embed import load_embedder
     from agentdb.evaluation import load_questions
@@ -154,7 +135,7 @@ def main() -> int:
     vectors = np.asarray(embedder.embed(questions), dtype=np.float32)
     chunks = conn.execute(f"select count(*) from agentdb_docs.{DEMO_SOURCE}").fetchone()  # noqa: S608
     port = free_port()
-    server = start_server(url, port)
+    server = serve(port, {"DATABASE_URL": url})
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
     load_before = machine_facts()["load_average_1m"]
 

@@ -52,8 +52,8 @@ def main() -> None:
     import psycopg
 
     from agentdb.agent.navigation.eval_nav import evaluate_navigation
-    from agentdb.cli import DEMO_SOURCE
     from agentdb.cli import main as agentdb_main
+    from agentdb.cli.demo import DEMO_SOURCE
     from agentdb.config import Settings
     from agentdb.db.pool import configure
     from agentdb.evaluation import load_questions, navigation_table, split_by_id
@@ -119,7 +119,7 @@ def _contextual_source(conn: Any) -> str:
     its section path ("The SQL Language > Data Definition > Schemas"), which starts every chunk's embedding
     input, and its text starts with that path too (so the first chunk's BM25 postings hold it). Built once
     into the cached database, with the demo's indexes."""
-    from agentdb.cli import DEMO_FILE, DEMO_INDEXES
+    from agentdb.cli.demo import DEMO_FILE, DEMO_INDEXES
     from agentdb.embed import load_embedder
     from agentdb.indexes import create_index
     from agentdb.ingest.pipeline import ingest

@@ -52,8 +52,8 @@ from _common import (
     load_test,
     machine_facts,
     percentile,
+    serve,
     versions,
-    wait_until_serving,
 )
 
 QUESTIONS = ROOT / "examples" / "pgdocs" / "questions.jsonl"
@@ -66,24 +66,18 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     """`agentdb serve` (this tree's) on 127.0.0.1:`port` reading from `replicas`, its primary named by `url`
     or, when given, by the file `url_file` (DATABASE_URL_FILE); waits until it answers."""
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_URL_FILE")},
-        **({"DATABASE_URL_FILE": str(url_file)} if url_file is not None else {"DATABASE_URL": url}),
+    env: dict[str, str | None] = {
+        "DATABASE_URL": None if url_file is not None else url,
+        "DATABASE_URL_FILE": str(url_file) if url_file is not None else None,
         "AGENTDB_REPLICA_URLS": ",".join(replicas),
         "AGENTDB_EMBED_INTERVAL_S": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     CACHE.mkdir(parents=True, exist_ok=True)
-    with (CACHE / "replicas-serve.log").open("ab") as log:  # the server's log, for a run that goes wrong
-        server = subprocess.Popen(
-            [sys.executable, "-m", "agentdb.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=log,
-        )
-    return wait_until_serving(
-        server, port, lambda health: sum(r["in_rotation"] for r in health.json()["replicas"]) == len(replicas)
+    return serve(  # the server's log, for a run that goes wrong
+        port,
+        env,
+        log=CACHE / "replicas-serve.log",
+        ready=lambda health: sum(r["in_rotation"] for r in health.json()["replicas"]) == len(replicas),
     )
 
 

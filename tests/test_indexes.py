@@ -18,7 +18,8 @@ from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
 from agentdb.auth import create_principal, principal_scope
-from agentdb.cli import DEMO_INDEXES, DEMO_SOURCE, _demo_indexes, main
+from agentdb.cli import main
+from agentdb.cli.demo import DEMO_INDEXES, DEMO_SOURCE, _demo_indexes
 from agentdb.config import Settings
 from agentdb.errors import Conflict, Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.indexes import (

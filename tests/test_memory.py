@@ -772,6 +772,32 @@ def test_http_ownership_and_the_memory_tool(http: Any) -> None:
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "memory"
 
 
+def test_the_cli_relates_reads_deletes_and_drops_on_one_store(
+    db_url: str, monkeypatch: Any, capsys: Any
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    store = ["cli_{var.who}", "--var", "who=ops"]
+    write = ["memory", "write", *store, "--text", "Ines keeps the boat in Sines", "--id", "r1", "--no-embed"]
+    assert main(write) == 0
+    assert "created memory store cli_ops: 1 records" in capsys.readouterr().out
+    assert (
+        main(["memory", "relate", *store, "Ines", "keeps", "the boat", "--record", "r1", "--no-embed"]) == 0
+    )
+    assert "Ines KEEPS the boat: new" in capsys.readouterr().out
+    assert main(["memory", "get", *store, "r1", "--no-touch"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["text"] == "Ines keeps the boat in Sines"
+    assert main(["memory", "entity", *store, "Ines"]) == 0
+    assert '"the boat"' in capsys.readouterr().out
+    assert main(["memory", "delete", *store, "r1"]) == 0
+    assert "deleted record r1" in capsys.readouterr().out
+    assert main(["memory", "get", *store, "r1"]) == 2
+    capsys.readouterr()
+    assert main(["memory", "drop", *store]) == 0
+    capsys.readouterr()
+    assert main(["memory", "list"]) == 0
+    assert "cli_ops" not in capsys.readouterr().out
+
+
 def test_the_cli_writes_recalls_and_evaluates_the_labelled_set(
     db_url: str, monkeypatch: Any, capsys: Any
 ) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import orjson
 import psycopg
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from psycopg_pool import ConnectionPool
@@ -116,9 +116,62 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None = None) -> FastAPI:
-    """Build the app; with no `pool`, the lifespan opens one on DATABASE_URL or the embedded server."""
-    settings = settings or Settings.from_env()
+# The app's own routes (the others come from the routers of agentdb/api/).
+routes = APIRouter(route_class=DatabaseRoute)
+
+
+@routes.get("/healthz", response_model=Health)
+def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
+    if locked(request):
+        return Health(status="locked", database=None, version=None)
+    row = conn.execute("select current_setting('server_version')").fetchone()
+    router = request.app.state.router
+    watcher = getattr(request.app.state, "watcher", None)
+    return Health(
+        status="ok",
+        database=f"PostgreSQL {row[0] if row else '?'}",
+        version=__version__,
+        replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
+        primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
+        lexical_path=path_in_use(conn),
+        nodes=[NodeOut(**node) for node in cluster_nodes(conn)],
+    )
+
+
+@routes.get("/sources/{name}", response_model=SourceOut)
+def source(
+    name: str,
+    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+    caller: Principal | None = Depends(principal),  # noqa: B008
+) -> SourceOut:
+    if caller is not None:
+        check_table(caller, name, path="name")
+    found = get_source(conn, name)
+    pending = pending_embeddings(conn, found) if caller is None and found.kind == "table" else None
+    with read_scope(conn, caller):  # counts under the caller's row security
+        return source_out(conn, visible_source(caller, found), pending)
+
+
+@routes.get("/sources", response_model=list[SourceOut])
+def sources(
+    conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
+    caller: Principal | None = Depends(principal),  # noqa: B008
+) -> list[SourceOut]:
+    return visible_sources(conn, caller)
+
+
+# Before /agents/{name}: the retrieval endpoint answers other methods with 405, not "unknown agent".
+@routes.api_route("/agents/retrieval", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+def retrieval_other_methods() -> Response:
+    raise StarletteHTTPException(405, "use POST /agents/retrieval", headers={"Allow": "POST"})
+
+
+def _lifespan(
+    settings: Settings, pool: ConnectionPool | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the pool (its own on DATABASE_URL or the embedded server unless `pool` is given),
+    migrations, the read router, the embedding worker, the primary's watcher and the MCP endpoint's sessions,
+    closed in reverse order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,7 +203,7 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             )
             app.state.watcher.start()
         try:
-            async with mcp.run():
+            async with app.state.mcp.run():
                 yield
         finally:
             if app.state.watcher is not None:
@@ -162,18 +215,11 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
             if own_pool:
                 app.state.pool.close()
 
-    app = FastAPI(
-        title="agentdb",
-        version=__version__,
-        description="A retrieval agent that lives inside PostgreSQL.",
-        lifespan=lifespan,
-        responses=ERROR_RESPONSES,
-        docs_url=None,  # agentdb/api/docs.py serves it without a CDN
-        redoc_url=None,
-    )
-    app.router.route_class = DatabaseRoute
+    return lifespan
 
-    app.state.slots = principal_slots(settings)
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as the one envelope: agentdb's own, request validation, HTTP, database, and the unexpected."""
 
     @app.exception_handler(AgentDBError)
     async def agentdb_error(request: Request, exc: AgentDBError) -> Response:
@@ -211,43 +257,22 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return await agentdb_error(request, InternalError())
 
-    @app.get("/healthz", response_model=Health)
-    def healthz(request: Request, conn: psycopg.Connection[Any] = Depends(connection)) -> Health:  # noqa: B008
-        if locked(request):
-            return Health(status="locked", database=None, version=None)
-        row = conn.execute("select current_setting('server_version')").fetchone()
-        router = request.app.state.router
-        watcher = getattr(request.app.state, "watcher", None)
-        return Health(
-            status="ok",
-            database=f"PostgreSQL {row[0] if row else '?'}",
-            version=__version__,
-            replicas=[ReplicaOut(**vars(s)) for s in router.status()] if router is not None else [],
-            primary=None if watcher is None else PrimaryOut(**vars(watcher.status())),
-            lexical_path=path_in_use(conn),
-            nodes=[NodeOut(**node) for node in cluster_nodes(conn)],
-        )
 
-    @app.get("/sources/{name}", response_model=SourceOut)
-    def source(
-        name: str,
-        conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-        caller: Principal | None = Depends(principal),  # noqa: B008
-    ) -> SourceOut:
-        if caller is not None:
-            check_table(caller, name, path="name")
-        found = get_source(conn, name)
-        pending = pending_embeddings(conn, found) if caller is None and found.kind == "table" else None
-        with read_scope(conn, caller):  # counts under the caller's row security
-            return source_out(conn, visible_source(caller, found), pending)
-
-    @app.get("/sources", response_model=list[SourceOut])
-    def sources(
-        conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
-        caller: Principal | None = Depends(principal),  # noqa: B008
-    ) -> list[SourceOut]:
-        return visible_sources(conn, caller)
-
+def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None = None) -> FastAPI:
+    """Build the app; with no `pool`, the lifespan opens one on DATABASE_URL or the embedded server."""
+    settings = settings or Settings.from_env()
+    app = FastAPI(
+        title="agentdb",
+        version=__version__,
+        description="A retrieval agent that lives inside PostgreSQL.",
+        lifespan=_lifespan(settings, pool),
+        responses=ERROR_RESPONSES,
+        docs_url=None,  # agentdb/api/docs.py serves it without a CDN
+        redoc_url=None,
+    )
+    app.router.route_class = DatabaseRoute
+    app.state.slots = principal_slots(settings)
+    _add_error_handlers(app)
     app.add_middleware(LockedGate, settings=settings)
     app.add_middleware(
         RequestGuard,
@@ -255,13 +280,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
         max_request_bytes=settings.max_request_bytes,
         admit=admit_body,
     )
+    app.include_router(routes)  # its 405 for /agents/retrieval comes before /agents/{name}
     app.include_router(retrieval.router)
-
-    # Before /agents/{name}: the retrieval endpoint answers other methods with 405, not "unknown agent".
-    @app.api_route("/agents/retrieval", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-    def retrieval_other_methods() -> Response:
-        raise StarletteHTTPException(405, "use POST /agents/retrieval", headers={"Allow": "POST"})
-
     app.include_router(agents.router)
     app.include_router(documents.router)
     app.include_router(indexes.router)
@@ -272,8 +292,8 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.mount("/docs-assets", docs.assets, name="docs-assets")
     from agentdb.mcp.http import MCP_PATH, McpEndpoint  # it imports this package's admission rules
 
-    mcp = McpEndpoint(settings)
-    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))  # every method: the SDK answers
+    app.state.mcp = McpEndpoint(settings)
+    app.router.routes.append(Route(MCP_PATH, app.state.mcp, include_in_schema=False))  # every method: the SDK
     return app
 
 

@@ -14,7 +14,6 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Literal
 
-import orjson
 import psycopg
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
@@ -28,6 +27,7 @@ from agentdb.auth import Principal, check_tool
 from agentdb.config import MEMORY_DECAY, MEMORY_HALF_LIFE_HOURS
 from agentdb.embed import load_embedder
 from agentdb.errors import InvalidParamValue, parse_params
+from agentdb.filters import filter_from_text
 from agentdb.llm import resolve_model
 from agentdb.memory import (
     AssembledMemory,
@@ -72,15 +72,6 @@ def _variables(request: Request, body_vars: Any = None) -> dict[str, Any]:
             raise InvalidParamValue("vars must be an object of names to values", path="vars")
         variables.update(body_vars)
     return variables
-
-
-def _json_param(text: str | None, path: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidParamValue(f"{path} is not valid JSON: {exc}", path=path) from None
 
 
 def _write_body(body: Any) -> tuple[Any, StoreSpec | None, Any, dict[str, Any]]:
@@ -323,7 +314,7 @@ def recall_memory(
         "include_history": include_history,
         "touch": touch,
         "as_of": as_of,
-        "filter": _json_param(filter, "filter"),
+        "filter": filter_from_text(filter, "filter"),
     }
     result = recall(
         conn,

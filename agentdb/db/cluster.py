@@ -2,7 +2,7 @@
 workers 1..N are embedded servers of their own.
 
 Worker i lives in `<data-dir>/workers/<i>/pg` (initialized with the embedded binaries as the embedded server
-is), listens on a Unix socket of its own with port number 5440 + i, and is registered on the coordinator with
+is), listens on a Unix socket of its own with port number 5440 + i (a LocalNode, agentdb/db/local_node.py), and is registered on the coordinator with
 `citus_add_node(<its socket directory>, <its port>)`, so nodes reach each other by socket path and no TCP port
 is taken. Every node preloads `citus` (first in `shared_preload_libraries`) and has `citus` and pgvector in the
 `agentdb` database. `agentdb stop` stops the workers with the coordinator; a stopped cluster starts again
@@ -20,15 +20,13 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.citus import ensure_installed
+from agentdb.db.local_node import LocalNode, stop_running
 from agentdb.db.server import (
     DATABASE_NAME,
-    Postmaster,
-    failure_reason,
     give_to_server_user,
     read_postmaster,
     run_binary,
 )
-from agentdb.db.standbys import _socket_dir
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
 
 log = logging.getLogger(__name__)
@@ -43,32 +41,12 @@ NODE_SETTINGS = {"shared_preload_libraries": "citus", "wal_level": "logical"}
 
 
 @dataclass(frozen=True)
-class Worker:
-    """One local worker: its number, data directory and, when it runs, its postmaster."""
+class Worker(LocalNode):
+    """One local worker (`worker<i>`), known to the coordinator by its socket directory (`host`)."""
 
-    number: int
-    pgdata: Path
-    postmaster: Postmaster | None
-
-    @property
-    def name(self) -> str:
-        return f"worker{self.number}"
-
-    @property
-    def running(self) -> bool:
-        return self.postmaster is not None and self.postmaster.running
-
-    @property
-    def port(self) -> int:
-        return BASE_PORT + self.number
-
-    @property
-    def host(self) -> str:
-        """The node name the coordinator knows it by: its socket directory."""
-        return str(_socket_dir(self.pgdata, self.port))
-
-    def url(self, database: str = DATABASE_NAME) -> str:
-        return f"postgresql://postgres:@/{database}?host={self.host}&port={self.port}"
+    FOLDER = WORKERS_DIR
+    PREFIX = "worker"
+    BASE_PORT = BASE_PORT
 
 
 def settings_text() -> str:
@@ -77,20 +55,9 @@ def settings_text() -> str:
     )
 
 
-def _worker(data_dir: Path, number: int) -> Worker:
-    pgdata = data_dir / WORKERS_DIR / str(number) / "pg"
-    postmaster = read_postmaster(pgdata)
-    return Worker(number, pgdata, postmaster if postmaster and postmaster.running else None)
-
-
 def list_workers(data_dir: Path) -> list[Worker]:
     """The workers made in `data_dir` (running or not), by number."""
-    data_dir = data_dir.expanduser().resolve()
-    root = data_dir / WORKERS_DIR
-    numbers = sorted(
-        int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "pg" / "PG_VERSION").exists()
-    )
-    return [_worker(data_dir, number) for number in numbers]
+    return Worker.list(data_dir)
 
 
 def prepare_coordinator(data_dir: Path, tarball: Path | None) -> str:
@@ -166,27 +133,13 @@ def _create_extensions(conn: psycopg.Connection[Any]) -> None:
 
 
 def _start_worker(data_dir: Path, number: int) -> Worker:
-    worker = _worker(data_dir, number)
+    worker = Worker.read(data_dir, number)
     if not worker.running:
         if not (worker.pgdata / "PG_VERSION").exists():
             _initdb(worker.pgdata)
         _write_settings(worker.pgdata)
-        sockets = Path(worker.host)
-        if sockets != worker.pgdata:
-            sockets.mkdir(exist_ok=True)
-            sockets.chmod(0o777)  # the server's system user creates its socket here
-        options = f'-h "" -k {sockets} -p {worker.port}'
-        log_file = str(worker.pgdata / "log")
-        try:
-            run_binary(
-                "pg_ctl", ("-w", "-t", "60", "-o", options, "-l", log_file, "-D", str(worker.pgdata), "start")
-            )
-        except Exception as exc:  # pg_ctl failed: say why in one line
-            raise DatabaseSetupError(
-                f"could not start {worker.name} in {worker.pgdata}: {failure_reason(exc, worker.pgdata)}",
-                hint=f"see its log {worker.pgdata / 'log'}",
-            ) from exc
-        worker = _worker(data_dir, number)
+        worker.start(worker.name, hint=f"see its log {worker.pgdata / 'log'}")
+        worker = Worker.read(data_dir, number)
     with psycopg.connect(worker.url("postgres"), autocommit=True) as conn:
         if conn.execute("select 1 from pg_database where datname = %s", (DATABASE_NAME,)).fetchone() is None:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(DATABASE_NAME)))
@@ -209,23 +162,12 @@ def _initdb(pgdata: Path) -> None:
 
 def stop_workers(data_dir: Path) -> list[Worker]:
     """Stop every running worker of `data_dir` (fast shutdown); returns those it stopped."""
-    stopped = []
-    for worker in list_workers(data_dir):
-        if worker.running:
-            stop_worker(worker)
-            stopped.append(worker)
-    return stopped
+    return stop_running(list_workers(data_dir), stop_worker)
 
 
 def stop_worker(worker: Worker, mode: str = "fast") -> None:
     """Stop one worker: `fast` (a clean shutdown) or `immediate` (as if it crashed)."""
-    try:
-        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(worker.pgdata), "stop", "-m", mode))
-    except Exception as exc:
-        raise DatabaseSetupError(
-            f"could not stop {worker.name} in {worker.pgdata}: {failure_reason(exc, worker.pgdata)}",
-            hint=f"stop it by hand: kill {worker.postmaster.pid if worker.postmaster else '<its postmaster pid>'}",
-        ) from exc
+    worker.stop(worker.name, mode)
 
 
 def citus_version(conn: psycopg.Connection[Any]) -> str | None:

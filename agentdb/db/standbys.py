@@ -4,12 +4,11 @@ one machine.
 Standby i lives in `<data-dir>/replicas/<i>/pg`: a `pg_basebackup -R -X stream` copy of the embedded server made
 with the embedded binaries, replicating through its own physical slot (`agentdb_replica_<i>`, so the primary
 keeps the WAL a stopped standby still needs and it catches up by itself when started again). It listens on a
-Unix socket of its own with its own port number (5432 + i). `agentdb stop` stops the standbys with the server.
+Unix socket of its own with its own port number (5432 + i), as a LocalNode (agentdb/db/local_node.py). `agentdb stop` stops the standbys with the server.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from dataclasses import dataclass
@@ -18,12 +17,11 @@ from pathlib import Path
 import psycopg
 
 from agentdb.db import accel
+from agentdb.db.local_node import LocalNode, stop_running
 from agentdb.db.server import (
-    DATABASE_NAME,
     HANDLES_FILE,
     Postmaster,
     _never_started,
-    failure_reason,
     give_to_server_user,
     read_postmaster,
     run_binary,
@@ -35,65 +33,27 @@ log = logging.getLogger(__name__)
 REPLICAS_DIR = "replicas"
 MAX_REPLICAS = 8
 BASE_PORT = 5432
-# A Unix socket path is limited to 107 bytes (sun_path); a longer data directory gets its socket under /tmp.
-MAX_SOCKET_PATH = 100
 # Settings of each standby: it tells the primary which rows its queries still read (a vacuum on the primary then
 # does not cancel a long search on the standby), and accepts connections while it replays.
 STANDBY_SETTINGS = ("hot_standby = on", "hot_standby_feedback = on")
 
 
 @dataclass(frozen=True)
-class Standby:
-    """One embedded standby: its number, data directory and, when it runs, its postmaster."""
+class Standby(LocalNode):
+    """One embedded standby (`replica<i>`), replicating through its own slot."""
 
-    number: int
-    pgdata: Path
-    postmaster: Postmaster | None
-
-    @property
-    def name(self) -> str:
-        return f"replica{self.number}"
+    FOLDER = REPLICAS_DIR
+    PREFIX = "replica"
+    BASE_PORT = BASE_PORT
 
     @property
     def slot(self) -> str:
         return f"agentdb_replica_{self.number}"
 
-    @property
-    def running(self) -> bool:
-        return self.postmaster is not None and self.postmaster.running
-
-    @property
-    def port(self) -> int:
-        return BASE_PORT + self.number
-
-    def url(self) -> str:
-        """Where it listens when it runs (its socket and port are fixed), so a server can name it while it is
-        stopped and read from it once it is back."""
-        return f"postgresql://postgres:@/{DATABASE_NAME}?host={_socket_dir(self.pgdata, self.port)}&port={self.port}"
-
-
-def _pgdata(data_dir: Path, number: int) -> Path:
-    return data_dir / REPLICAS_DIR / str(number) / "pg"
-
 
 def list_standbys(data_dir: Path) -> list[Standby]:
     """The standbys made in `data_dir` (running or not), by number."""
-    root = data_dir.expanduser().resolve() / REPLICAS_DIR
-    numbers = sorted(
-        int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "pg" / "PG_VERSION").exists()
-    )
-    standbys = []
-    for number in numbers:
-        pgdata = root / str(number) / "pg"
-        postmaster = read_postmaster(pgdata)
-        standbys.append(Standby(number, pgdata, postmaster if postmaster and postmaster.running else None))
-    return standbys
-
-
-def _socket_dir(pgdata: Path, port: int) -> Path:
-    if len(str(pgdata / f".s.PGSQL.{port}")) <= MAX_SOCKET_PATH:
-        return pgdata
-    return Path("/tmp") / f"agentdb-{hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]}"  # noqa: S108
+    return Standby.list(data_dir)
 
 
 def _make(primary: Postmaster, standby: Standby) -> None:
@@ -152,51 +112,29 @@ def start_standby(data_dir: Path, number: int) -> Standby:
     primary = read_postmaster(data_dir / "pg")
     if primary is None or not primary.running:
         raise DatabaseSetupError(f"the embedded PostgreSQL in {data_dir} is not running; start it first")
-    pgdata = _pgdata(data_dir, number)
-    postmaster = read_postmaster(pgdata)
-    standby = Standby(number, pgdata, postmaster if postmaster and postmaster.running else None)
+    standby = Standby.read(data_dir, number)
     if standby.running:
         return standby
+    pgdata = standby.pgdata
     if not (pgdata / "PG_VERSION").exists():
         log.info("making standby %s of %s", number, data_dir)
         _make(primary, standby)
     # The copy's agentdb-accel.conf names the primary's build of the accelerator, in the primary's directory:
     # point it at the standby's own (the base backup carries the build; compiled here when it is missing).
     accel.prepare_embedded(pgdata, Path(_never_started().bin_path))
-    sockets = _socket_dir(pgdata, standby.port)
-    if sockets != pgdata:
-        sockets.mkdir(exist_ok=True)
-        sockets.chmod(0o777)  # the server's system user creates its socket here
-    options = f'-h "" -k {sockets} -p {standby.port}'
-    try:
-        run_binary(
-            "pg_ctl", ("-w", "-t", "60", "-o", options, "-l", str(pgdata / "log"), "-D", str(pgdata), "start")
-        )
-    except Exception as exc:  # pg_ctl failed: say why in one line
-        raise DatabaseSetupError(
-            f"could not start standby {number} in {pgdata}: {failure_reason(exc, pgdata)}",
-            hint=f"see its log {pgdata / 'log'}; deleting {pgdata.parent} makes a fresh copy at the next start",
-        ) from exc
-    return Standby(number, pgdata, read_postmaster(pgdata))
+    standby.start(
+        f"standby {number}",
+        hint=f"see its log {pgdata / 'log'}; deleting {pgdata.parent} makes a fresh copy at the next start",
+    )
+    return Standby.read(data_dir, number)
 
 
 def stop_standbys(data_dir: Path) -> list[Standby]:
     """Stop every running standby of `data_dir` (fast shutdown); returns those it stopped."""
-    stopped = []
-    for standby in list_standbys(data_dir):
-        if standby.running:
-            stop_standby(standby)
-            stopped.append(standby)
-    return stopped
+    return stop_running(list_standbys(data_dir), stop_standby)
 
 
 def stop_standby(standby: Standby, mode: str = "fast") -> None:
     """Stop one standby: `fast` (sessions disconnected, a clean shutdown) or `immediate` (as if it crashed: it
     recovers at its next start)."""
-    try:
-        run_binary("pg_ctl", ("-w", "-t", "60", "-D", str(standby.pgdata), "stop", "-m", mode))
-    except Exception as exc:
-        raise DatabaseSetupError(
-            f"could not stop standby {standby.number} in {standby.pgdata}: {failure_reason(exc, standby.pgdata)}",
-            hint=f"stop it by hand: kill {standby.postmaster.pid if standby.postmaster else '<its postmaster pid>'}",
-        ) from exc
+    standby.stop(f"standby {standby.number}", mode)

@@ -1,0 +1,166 @@
+"""A source's table and what agentdb adds to it: the document table, its indexes, the lexical triggers (and,
+for a distributed source, the writers' lexical work), and what dropping a source removes.
+
+Every source table carries three columns agentdb owns: `agentdb_chunk_id` (a stable chunk key),
+`agentdb_embedding` (the dense vector) and `agentdb_tsv` (lexemes, generated from the text columns).
+Statement-level triggers keep the BM25 postings and statistics equal to the rows."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from agentdb.db.distribute import distribute_source, on_citus
+from agentdb.errors import InvalidParamValue
+from agentdb.sources.catalog import (
+    DOCS_SCHEMA,
+    RESERVED_FIELDS,
+    FieldSpec,
+    Source,
+    check_source_name,
+    get_source,
+    insert_source,
+)
+from agentdb.sources.vector_index import ensure_vector_index
+
+# The statement-level triggers that keep a local source's BM25 postings and statistics equal to its rows.
+LEXICAL_TRIGGERS = {
+    "agentdb_lex_insert": "create trigger {name} after insert on {table} referencing new table as new_rows"
+    " for each statement execute function agentdb.lexical_after_insert({src})",
+    "agentdb_lex_delete": "create trigger {name} after delete on {table} referencing old table as old_rows"
+    " for each statement execute function agentdb.lexical_after_delete({src})",
+    "agentdb_lex_update": "create trigger {name} after update on {table}"
+    " referencing old table as old_rows new table as new_rows"
+    " for each statement execute function agentdb.lexical_after_update({src})",
+    "agentdb_lex_truncate": "create trigger {name} after truncate on {table}"
+    " for each statement execute function agentdb.lexical_truncate({src})",
+}
+# A registered table's row trigger that clears an embedding when its text changes (register.py).
+STALE_EMBEDDING_TRIGGER = "agentdb_stale_embedding"
+
+
+def install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
+    for name, statement in LEXICAL_TRIGGERS.items():
+        conn.execute(
+            sql.SQL(statement).format(
+                name=sql.Identifier(name), table=source.table, src=sql.Literal(str(source.id))
+            )
+        )
+
+
+def create_document_source(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    embedding_model: str,
+    embedding_dim: int,
+    fields: list[FieldSpec] | None = None,
+    ts_config: str = "english",
+    bm25_k1: float = 1.2,
+    bm25_b: float = 0.75,
+    chunk_size: int = 256,
+    chunk_overlap: int = 32,
+    lexical_layout: Literal["rows", "blocks"] = "rows",
+) -> Source:
+    """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
+    postings are kept in `lexical_layout` ('rows', or 'blocks': see Source.lexical_layout)."""
+    check_source_name(name)
+    if chunk_overlap >= chunk_size:
+        raise InvalidParamValue("chunk_overlap must be smaller than chunk_size", path="chunk_overlap")
+    fields = fields or []
+    for f in fields:
+        if f.name in RESERVED_FIELDS:
+            raise InvalidParamValue(f"field name {f.name!r} is reserved", path=f"fields.{f.name}")
+    with conn.transaction():
+        source = insert_source(
+            conn,
+            {
+                "name": name,
+                "kind": "documents",
+                "table_schema": DOCS_SCHEMA,
+                "table_name": name,
+                "id_column": "doc_id",
+                "text_columns": ["title", "text"],
+                "embedding_model": embedding_model,
+                "embedding_dim": embedding_dim,
+                "ts_config": ts_config,
+                "bm25_k1": bm25_k1,
+                "bm25_b": bm25_b,
+                "chunk_size": chunk_size,
+                "chunk_overlap": chunk_overlap,
+                "lexical_layout": lexical_layout,
+                "distributed": on_citus(conn),
+            },
+            fields,
+        )
+        conn.execute(
+            sql.SQL(
+                "create table {table} ("
+                " agentdb_chunk_id bigint generated always as identity primary key,"
+                " doc_id text not null, chunk int not null check (chunk >= 0),"
+                " title text not null default '', text text not null,"
+                " metadata jsonb not null default '{{}}',"
+                " agentdb_embedding vector({dim}),"
+                " agentdb_tsv tsvector generated always as"
+                "  (to_tsvector({cfg}::regconfig, title || ' ' || text)) stored,"
+                " unique (doc_id, chunk))"
+            ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
+        )
+        store_rows_inline(conn, source)
+        create_indexes(conn, source, metadata=True)
+        if source.distributed:
+            distribute_source(conn, source)
+        else:
+            install_triggers(conn, source)
+    return source
+
+
+def write_lexical(
+    conn: psycopg.Connection[Any], source: Source, op: Literal["add", "remove"], doc_ids: list[str]
+) -> None:
+    """The lexical triggers' work for a distributed source (nothing for any other, whose triggers do it): its
+    postings and statistics for documents `doc_ids`, 'add' after their chunks are written, 'remove' before
+    they are deleted, in the caller's transaction (agentdb_internal.lexical_write)."""
+    if source.distributed and doc_ids:
+        conn.execute("select agentdb_internal.lexical_write(%s, %s, %s)", (source.id, op, doc_ids))
+
+
+def store_rows_inline(conn: psycopg.Connection[Any], source: Source) -> None:
+    """Keep the vector and an ordinary chunk's text in the row, where the read path reads them
+    (agentdb_internal.store_rows_inline says why and how)."""
+    conn.execute("select agentdb_internal.store_rows_inline(%s)", (source.id,))
+
+
+def create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:
+    ensure_vector_index(conn, source)
+    if metadata:
+        conn.execute(
+            sql.SQL("create index {name} on {table} using gin (metadata jsonb_path_ops)").format(
+                name=sql.Identifier(f"{source.table_name}_agentdb_meta"), table=source.table
+            )
+        )
+
+
+def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
+    """Remove a source. A document table is dropped; a registered table keeps its rows but loses agentdb's
+    columns and triggers."""
+    source = get_source(conn, name)
+    with conn.transaction():
+        if source.kind == "documents":
+            conn.execute(sql.SQL("drop table {}").format(source.table))
+            if source.distributed:  # its postings do not reference the catalog (agentdb/db/distribute.py)
+                conn.execute("delete from agentdb.postings where source_id = %s", (source.id,))
+        else:
+            for trigger in (*LEXICAL_TRIGGERS, STALE_EMBEDDING_TRIGGER):
+                conn.execute(
+                    sql.SQL("drop trigger if exists {} on {}").format(sql.Identifier(trigger), source.table)
+                )
+            conn.execute(
+                sql.SQL(
+                    "alter table {} drop column agentdb_tsv, drop column agentdb_embedding,"
+                    " drop column agentdb_chunk_id"
+                ).format(source.table)
+            )
+        conn.execute("delete from agentdb.sources where id = %s", (source.id,))
