@@ -20,9 +20,10 @@ navigation (hybrid)" row exactly):
   relevance gaining title_w x their cosine similarity with the query.
 
 Each request runs through the agent pipeline as HTTP runs it (agentdb.agent.navigation.eval_nav.evaluate_navigation),
-with the ranked branch of agentdb.agent.navigation.step.walk replaced by `walk` below, which is that branch with the
-variant's hooks (a copy for the experiment: with no hook on it walks, scores and orders exactly as the
-default). Appends one line per variant and half to bench/results/navigation_ideas.jsonl. A benchmark, not a
+with the ranked branch of agentdb.agent.navigation.step.walk (the SQL walk agentdb_internal.tree_walk_run) replaced
+by `walk` below, the same walk in Python over the pure `navigation` package with the variant's hooks (a copy for
+the experiment, its constants copied from sql/075_tree_walk.sql: with no hook on it walks, scores and orders
+exactly as the default). Appends one line per variant and half to bench/results/navigation_ideas.jsonl. A benchmark, not a
 test.
 """
 
@@ -42,12 +43,16 @@ from _common import CACHE, RESULTS, ROOT, embedded_url, machine_facts
 
 import agentdb.agent.navigation.step as W
 import agentdb.agent.pipeline as pipeline
+from agentdb.agent.navigation.sql import SqlScorer
 from agentdb.db import run_sql
+from agentdb.retrieval import retrieve
 from navigation import ContextScorer, answer_order
 from navigation.budget import Budget
 from navigation.scoring import document_key
 from navigation.tree import TreeWalk
 
+# sql/075_tree_walk.sql's constants, copied for the experiment (see above).
+SEED_PRIOR, PRIOR_DEPTH, PAGE_WEIGHT, LINK_WIDTH, ANSWER_HEAD, LINK_BONUS = 0.1, 2, 0.2, 2, 3, 0.2
 QUESTIONS = [
     ROOT / "examples" / "pgdocs" / "questions.jsonl",
     ROOT / "examples" / "pgdocs" / "questions_more.jsonl",
@@ -146,7 +151,7 @@ def rank(
         beam_width=3,
         scorer=scorer,
         links=links,
-        link_width=W.LINK_WIDTH,
+        link_width=LINK_WIDTH,
         budget=budget,
     )
     walk.add_roots(list(start), scores=start)
@@ -156,6 +161,10 @@ def rank(
             break
         walk.visit(best.key)
     return walk.result()
+
+
+def _unique(keys: Any) -> list[str]:
+    return list(dict.fromkeys(keys))
 
 
 def query_terms(conn: Any, query: str) -> dict[str, float]:
@@ -174,10 +183,10 @@ def walk(scope: Any, options: Any, *, query: str, seeds: Any, mode: Any, limit: 
     """The ranked branch of agentdb.agent.navigation.step.walk (start at the seed hits and their parents), with the hooks."""
     started = time.perf_counter()
     edges, nodes = W.SqlEdges(scope, options.index), W.SqlNodes(scope)
-    seed_keys = W._unique([h.id for h in seeds])
+    seed_keys = _unique([h.id for h in seeds])
     parents = [k for key in seed_keys for k, _ in edges.neighbours(key, "in", None, 1)]
-    start = W._unique([*seed_keys, *parents])
-    best = W.retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
+    start = _unique([*seed_keys, *parents])
+    best = retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
     scale = (best[0].bm25_score or 1.0) if best else 1.0
     vector = None if embedding is None else np.asarray(embedding)
     qvec = None if vector is None else vector / np.linalg.norm(vector)
@@ -188,16 +197,16 @@ def walk(scope: Any, options: Any, *, query: str, seeds: Any, mode: Any, limit: 
         "alpha": alpha,
         "query_embedding": embedding,
     }
-    deeper = W.retrieve(scope.conn, scope.source, query, mode=mode, top_k=min(W.PRIOR_DEPTH * limit, 1000),
+    deeper = retrieve(scope.conn, scope.source, query, mode=mode, top_k=min(PRIOR_DEPTH * limit, 1000),
                         group_by_doc=True, **common, **scope.filters()).hits  # fmt: skip
-    ranked = W._unique([*seed_keys, *(h.id for h in deeper)])
+    ranked = _unique([*seed_keys, *(h.id for h in deeper)])
     scorer: Any = ContextScorer(
-        Extra(W.SqlScorer(scope, query, vector, scale), query_terms(scope.conn, query), qvec),
-        context_weight=W.PAGE_WEIGHT,
-        prior={k: W.SEED_PRIOR / (1 + i) for i, k in enumerate(ranked)},
+        Extra(SqlScorer(scope, query, vector, scale), query_terms(scope.conn, query), qvec),
+        context_weight=PAGE_WEIGHT,
+        prior={k: SEED_PRIOR / (1 + i) for i, k in enumerate(ranked)},
     )
     if CFG.get("page_w") or CFG.get("page_starts"):
-        chunks = W.retrieve(scope.conn, scope.source, query, mode=mode, top_k=CFG.get("page_depth", 100),
+        chunks = retrieve(scope.conn, scope.source, query, mode=mode, top_k=CFG.get("page_depth", 100),
                             **common, **scope.filters()).hits  # fmt: skip
         pages: dict[str, float] = {}
         for h in chunks:
@@ -210,7 +219,7 @@ def walk(scope: Any, options: Any, *, query: str, seeds: Any, mode: Any, limit: 
         top = max(pages.values(), default=1.0) or 1.0
         pages = {p: v / top for p, v in pages.items()}
         if CFG.get("page_starts"):
-            start = W._unique([*start, *sorted(pages, key=lambda p: -pages[p])[: CFG["page_starts"]]])
+            start = _unique([*start, *sorted(pages, key=lambda p: -pages[p])[: CFG["page_starts"]]])
         if CFG.get("page_w"):
             scorer = PageLeg(scorer, pages)
     links = W.SqlEdges(scope, options.links_index) if options.links_index and CFG.get("links", True) else None
@@ -223,8 +232,8 @@ def walk(scope: Any, options: Any, *, query: str, seeds: Any, mode: Any, limit: 
         result.visits,
         relevance,
         None if links is None else lambda key: {k for k, _ in links.neighbours(key, "out", None, 256)},
-        head=W.ANSWER_HEAD,
-        link_bonus=W.LINK_BONUS,
+        head=ANSWER_HEAD,
+        link_bonus=LINK_BONUS,
     )[:limit]
     visits = [v for v, _ in answer]
     return W._outcome(result, visits, {v.key: s for v, s in answer}, "completed", scope, options, started)

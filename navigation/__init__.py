@@ -44,12 +44,9 @@ from navigation.render import (
 from navigation.scoring import (
     DEFAULT_COMBINE,
     ContextScorer,
-    KeywordScorer,
     ScoreCombiner,
     decayed_sum,
     document_key,
-    keyword_overlap,
-    keywords,
 )
 from navigation.tree import TreeWalk, answer_order, rank_tree
 from navigation.walk import Walk
@@ -68,7 +65,6 @@ __all__ = [
     "Direction",
     "Frontier",
     "GraphWalk",
-    "KeywordScorer",
     "Lookup",
     "NavigationResult",
     "NeighbourLister",
@@ -96,8 +92,6 @@ __all__ = [
     "estimate_tokens",
     "fit_prefix",
     "graph_candidates",
-    "keyword_overlap",
-    "keywords",
     "neutralise",
     "rank_tree",
     "render_candidate",

@@ -1,13 +1,12 @@
-"""How ranked walks score: the path formula that combines a child's own score with its parent's, a node's
-relevance in its document's context, and the keyword-overlap baseline (what Antfly ranks children by) for
-comparison with hybrid relevance."""
+"""How ranked walks score: the path formula that combines a child's own score with its parent's, and a node's
+relevance in its document's context. (agentdb's ranked walk, with its hybrid and keyword-overlap scoring, is
+agentdb_internal.tree_walk_run in sql/075_tree_walk.sql.)"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 
-from navigation.protocols import NodeReader, Scorer
+from navigation.protocols import Scorer
 
 ScoreCombiner = Callable[[float, float], float]
 """(a child's own score, its parent's combined score) -> the child's combined score."""
@@ -61,46 +60,4 @@ class ContextScorer:
             + self.prior.get(k, 0.0)
             for k in keys
             if k in own
-        }
-
-
-STOPWORDS = frozenset(
-    "a an and are as at be by can do does for from how i in is it my of on or the to what when where which "
-    "who why with".split()
-)
-_WORD = re.compile(r"\w+")
-
-
-def keywords(text: str) -> set[str]:
-    """The distinct lower-cased words of `text`, stopwords and single characters left out."""
-    return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS}
-
-
-def keyword_overlap(query: str, title: str, text: str = "", *, title_weight: float = 1.0) -> float:
-    """The share of the query's keywords found in the title or text; a title match counts `title_weight`
-    (so 1.0 is plain overlap and the score stays in [0, 1] with the default)."""
-    wanted = keywords(query)
-    if not wanted:
-        return 0.0
-    in_title = keywords(title)
-    in_text = keywords(text)
-    matched = sum(title_weight if w in in_title else 1.0 if w in in_text else 0.0 for w in wanted)
-    return matched / len(wanted)
-
-
-class KeywordScorer:
-    """A `Scorer` that ranks keys by keyword overlap of the query with each node's title and text."""
-
-    def __init__(self, query: str, reader: NodeReader, *, title_weight: float = 1.0) -> None:
-        self.query = query
-        self.reader = reader
-        self.title_weight = title_weight
-
-    def score(self, keys: Sequence[str]) -> Mapping[str, float]:
-        """Overlap scores of the visible nodes among `keys` (read through the scoped reader)."""
-        if not keys:
-            return {}
-        return {
-            n.key: keyword_overlap(self.query, n.title, n.text, title_weight=self.title_weight)
-            for n in self.reader.read(keys)
         }

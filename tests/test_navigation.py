@@ -464,7 +464,8 @@ def test_no_visited_node_key_or_field_outside_the_grant(
 def test_the_sql_door_walks_as_http_does(
     client: TestClient, db_url: str, embedder: Any, start: dict[str, Any]
 ) -> None:
-    """agentdb.tree_walk returns the documents, order, scores and tree positions of the HTTP request."""
+    """agentdb.tree_walk (its own seed search, rows rendered in SQL) returns the documents, order, scores and
+    tree positions of the HTTP request (the pipeline's seed hits, rendered as hits)."""
     text = "restore WAL replay to a recovery target"
     body = ask(
         client,
@@ -509,6 +510,38 @@ def test_the_sql_door_walks_as_http_does(
         )
         for h in body["hits"]
     ] == [(r[0], r[1], r[2], r[3], list(r[4]), r[5]) for r in rows]
+
+
+def test_keyword_overlap_is_the_share_of_query_keywords_in_title_or_text(
+    conn: psycopg.Connection[Any],
+) -> None:
+    def overlap(query: str, title: str, text: str = "") -> float:
+        row = conn.execute(
+            "select agentdb_internal.keyword_overlap(%s, %s, %s)", (query, title, text)
+        ).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    # restore, wal, archive: "Restoring" is not "restore", stopwords and single letters do not count
+    assert overlap("How do I restore a WAL archive?", "Restoring", "restore the archive") == pytest.approx(
+        2 / 3
+    )
+    assert overlap("the a of", "anything") == 0.0
+    assert overlap("wal archive", "WAL", "archive") == 1.0
+    assert overlap("wal", "", "walrus") == 0.0  # whole words only
+
+
+def test_a_keyword_scored_walk_ranks_by_keyword_overlap(client: TestClient) -> None:
+    body = ask(
+        client,
+        queries=[QUERY],
+        **navigation(strategy="tree", selection="ranked", start_key="manual", scoring="keywords"),
+    ).json()
+    assert body["status"] == "completed", body
+    hits = [h["_id"] for h in body["hits"]]
+    # pitr and recovery-target share four of the five keywords; the cafeteria shares none
+    assert set(hits[:2]) == {"pitr", "recovery-target"}, hits
+    assert "lunch" not in hits[:4]
 
 
 # Saved agents ----------------------------------------------------------------------------------------

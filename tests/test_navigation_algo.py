@@ -21,7 +21,6 @@ from navigation import (
     Direction,
     Frontier,
     GraphWalk,
-    KeywordScorer,
     Lookup,
     NavigationResult,
     Node,
@@ -35,7 +34,6 @@ from navigation import (
     estimate_tokens,
     fit_prefix,
     graph_candidates,
-    keyword_overlap,
     neutralise,
     rank_tree,
     render_candidate,
@@ -407,24 +405,6 @@ def test_agentic_node_disappearing_mid_walk_gets_feedback_and_keeps_the_rest() -
     assert result.unreadable == ("a",)
     assert "not available" in result.calls[0].result
     assert result.status == "completed"
-
-
-def test_keyword_overlap_and_keyword_scorer() -> None:
-    assert keyword_overlap(
-        "How do I restore a WAL archive?", "Restoring", "restore the archive"
-    ) == pytest.approx(2 / 3)
-    assert keyword_overlap("the a of", "anything") == 0.0
-    assert keyword_overlap("wal archive", "WAL", "archive", title_weight=2.0) == pytest.approx(1.5)
-    nodes = {
-        "x": Node("x", "Continuous archiving", "archive WAL files"),
-        "y": Node("y", "Vacuum", "dead tuples"),
-    }
-    store = Store(nodes, {"root": ["x", "y"]})
-    store.nodes["root"] = Node("root", "Manual")
-    scorer = KeywordScorer("archive wal", store)
-    assert scorer.score(["x", "y", "missing"]) == {"x": 1.0, "y": 0.0}
-    result = rank_tree(store, store, scorer, "root", beam_width=1)
-    assert result.keys == ["root", "x"]
 
 
 # -- graph walks

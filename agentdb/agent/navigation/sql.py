@@ -16,10 +16,6 @@ from agentdb.db import run_sql
 from agentdb.scoped_reader import read
 from navigation import Direction, Node
 
-# The dense leg's weight in a node's relevance (the lexical leg has the rest): on the runbook questions of
-# examples/pgdocs/questions.jsonl 0.8 put a gold section in the top 3 for 0.844 of them, 0.5 for 0.805.
-DENSE_WEIGHT = 0.8
-
 
 @dataclass(frozen=True)
 class Scope:
@@ -101,16 +97,16 @@ class SqlEdges:
 
 
 class SqlScorer:
-    """`navigation.Scorer`: a node's relevance to the query, both legs of the search restricted to the
-    candidates in one statement (agentdb.score_keys): DENSE_WEIGHT x its best chunk's cosine similarity +
-    (1 - DENSE_WEIGHT) x its best chunk's BM25 divided by `lexical_scale` (the query's best BM25 score in
-    the source, so both legs lie in [0, 1] and candidates met anywhere in the walk compare)."""
+    """`navigation.Scorer`: a node's own relevance to the query as the ranked walk scores it
+    (agentdb_internal.tree_walk_own, hybrid scoring): both legs of the search restricted to the candidates in
+    one statement, the lexical one divided by `lexical_scale` (the query's best BM25 score in the source, so
+    both legs lie in [0, 1] and candidates met anywhere in a walk compare)."""
 
     def __init__(self, scope: Scope, query: str, embedding: Any, lexical_scale: float) -> None:
         self.scope = scope
         self.query = query
         self.embedding = embedding
-        self.lexical_scale = max(lexical_scale, 1e-9)
+        self.lexical_scale = lexical_scale
 
     def score(self, keys: Sequence[str]) -> dict[str, float]:
         if not keys:
@@ -118,20 +114,20 @@ class SqlScorer:
         s = self.scope
         rows = run_sql(
             s.conn,
-            "select doc_id, dense, lexical from agentdb.score_keys(%(source)s, %(keys)s, %(query)s,"
-            " %(embedding)s, %(filter)s, %(filter_query)s, %(exclusion_query)s, %(row_filter)s)",
+            "select doc_id, rel from agentdb_internal.tree_walk_own(%(source)s, %(keys)s, %(query)s,"
+            " %(embedding)s, %(scale)s, 'hybrid', %(filter)s, %(filter_query)s, %(exclusion_query)s,"
+            " %(row_filter)s, %(fields)s)",
             {
                 "source": s.source,
                 "keys": list(keys),
                 "query": self.query,
                 "embedding": self.embedding,
+                "scale": self.lexical_scale,
+                "fields": s.fields,
                 **s.json_filters(),
             },
         )
-        return {
-            key: DENSE_WEIGHT * (dense or 0.0) + (1 - DENSE_WEIGHT) * min(lexical / self.lexical_scale, 1.0)
-            for key, dense, lexical in rows
-        }
+        return {key: rel for key, rel in rows}
 
 
-__all__ = ["DENSE_WEIGHT", "Scope", "SqlEdges", "SqlNodes", "SqlScorer"]
+__all__ = ["Scope", "SqlEdges", "SqlNodes", "SqlScorer"]

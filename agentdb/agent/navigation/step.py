@@ -1,6 +1,7 @@
 """The navigation step of the pipeline: walk a tree or graph index from the seed query's hits (or a start
-key), ranked (best-first by hybrid relevance, no model) or agentic (the model moves one node per turn),
-and turn the visits into hits and steps. Every read is the scoped reader's (agentdb.agent.navigation.sql)."""
+key), ranked (best-first by hybrid relevance, no model; agentdb.agent.navigation.ranked runs it in SQL) or
+agentic (the model moves one node per turn), and turn the visits into hits and steps. Every read is the
+scoped reader's (agentdb.agent.navigation.sql)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from agentdb.agent.models import MAX_LIMIT
 from agentdb.agent.navigation.options import NavigationOptions
-from agentdb.agent.navigation.sql import Scope, SqlEdges, SqlNodes, SqlScorer
+from agentdb.agent.navigation.ranked import SeedSearch, ranked_walk
+from agentdb.agent.navigation.sql import Scope, SqlEdges, SqlNodes
 from agentdb.config import RRF_K
 from agentdb.embed import Embedder
 from agentdb.llm import Message, Model, ToolSpec
 from agentdb.retrieval import Fusion, Hit, Mode, retrieve
 from navigation import (
     Budget,
-    ContextScorer,
     Decision,
     GraphWalk,
-    KeywordScorer,
     Lookup,
     NavigationResult,
     Node,
@@ -33,24 +32,10 @@ from navigation import (
     TreeWalk,
     Turn,
     Visit,
-    answer_order,
-    rank_tree,
     run_agentic,
     system_prompt,
     tool_definitions,
 )
-
-# Ranked walks (measured on examples/pgdocs/questions.jsonl, bench/LOG.md): the bonus a document of rank r
-# (from 0) in the seed search keeps, SEED_PRIOR / (1 + r), on a relevance in [0, 1], over the search run
-# PRIOR_DEPTH times the query's limit deep (the seed hits first); the weight of a section's page in its
-# relevance (navigation.ContextScorer); with a links index, the link targets an expansion offers; the answer's
-# head kept in relevance order, and the share of a head node's relevance its link targets after it gain.
-SEED_PRIOR = 0.1
-PRIOR_DEPTH = 2
-PAGE_WEIGHT = 0.2
-LINK_WIDTH = 2
-ANSWER_HEAD = 3
-LINK_BONUS = 0.2
 
 
 class Cancelled(Exception):
@@ -177,10 +162,6 @@ def _step(step: Step) -> dict[str, Any]:
     }
 
 
-def _unique(keys: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(keys))
-
-
 def walk(
     scope: Scope,
     options: NavigationOptions,
@@ -203,8 +184,6 @@ def walk(
 ) -> WalkOutcome:
     """Run the navigation `options` over `scope`: `report` gets a step_progress payload per node read;
     agentic runs offer `lookups` (read-only tools such as search_memory) besides their moves."""
-    edges = SqlEdges(scope, options.index)
-    nodes = SqlNodes(scope)
 
     def on_step(step: Step) -> None:
         if cancel is not None and cancel.is_set():
@@ -213,114 +192,85 @@ def walk(
 
     started = time.perf_counter()
     if options.selection == "ranked":
-        seed_keys = _unique([h.id for h in seeds])
-        if options.start_key is not None:
-            start = [options.start_key]
-        elif options.start_nodes == "$roots":
-            start = edges.roots()
-        elif options.start_nodes in (None, "$hits"):
-            # The seed hits and their parents: a section's answer often continues in a sibling, which the
-            # walk reaches from the parent.
-            parents = [k for key in seed_keys for k, _ in edges.neighbours(key, "in", None, 1)]
-            start = _unique([*seed_keys, *parents])
-        else:
-            start = _unique([k.strip() for k in options.start_nodes.split(",") if k.strip()])
-        # The query's best BM25 score in this scope scales the lexical leg to [0, 1].
-        best = retrieve(scope.conn, scope.source, query, mode="lexical", top_k=1, **scope.filters()).hits
-        scale = (best[0].bm25_score or 1.0) if best else 1.0
-        vector = None if embedding is None else np.asarray(embedding)
-        base = (
-            KeywordScorer(query, nodes)
-            if options.scoring == "keywords"
-            else SqlScorer(scope, query, vector, scale)
-        )
-        # The seed search run PRIOR_DEPTH times deeper: its ranking beyond the seed hits is evidence too.
-        deeper = retrieve(
-            scope.conn,
-            scope.source,
-            query,
+        search = SeedSearch(
+            keys=[h.id for h in seeds],
             mode=mode,
-            top_k=min(PRIOR_DEPTH * limit, MAX_LIMIT),  # within retrieve's bound, whatever the limit
+            embedding=None if embedding is None else np.asarray(embedding),
             rrf_k=rrf_k,
             threshold=threshold,
             fusion=fusion,
             alpha=alpha,
-            query_embedding=embedding,
-            group_by_doc=True,
-            **scope.filters(),
-        ).hits
-        ranked = _unique([*seed_keys, *(h.id for h in deeper)])
-        scorer = ContextScorer(
-            base, context_weight=PAGE_WEIGHT, prior={k: SEED_PRIOR / (1 + i) for i, k in enumerate(ranked)}
         )
-        links = None if options.links_index is None else SqlEdges(scope, options.links_index)
-        own = scorer.score(start)
-        result = rank_tree(
-            nodes,
-            edges,
-            scorer,
-            {k: float(own.get(k, 0.0)) for k in start},
-            max_depth=options.max_depth or 5,
-            beam_width=options.beam_width or 3,
-            max_nodes=options.max_nodes,
-            links=links,
-            link_width=LINK_WIDTH,
-            on_step=on_step,
-        )
-        # The path score orders the frontier; the answer is ordered by each document's own relevance in its
-        # context (a child is not more relevant for its parent), the links of its head lifting their targets.
-        final = scorer.score([v.key for v in result.visits])
-        relevance = {v.key: float(final.get(v.key, 0.0)) for v in result.visits}
-        answer = answer_order(
-            result.visits,
-            relevance,
-            None if links is None else lambda key: {k for k, _ in links.neighbours(key, "out", None, 256)},
-            head=ANSWER_HEAD,
-            link_bonus=LINK_BONUS,
-        )[:limit]
+        result, answer = ranked_walk(scope, options, query=query, seeds=search, limit=limit, on_step=on_step)
         visits = [v for v, _ in answer]
         relevance = {v.key: score for v, score in answer}
         # Reading max_nodes nodes is how a ranked walk ends; it is not an exhausted budget.
         status = "completed"
     else:
         assert model is not None
-        budget = Budget(max_iterations=max_iterations, max_context_tokens=options.max_context_tokens)
-        runner: TreeWalk | GraphWalk
-        if options.strategy == "tree":
-            runner = TreeWalk(
-                nodes,
-                edges,
-                max_depth=options.max_depth or 5,
-                beam_width=options.beam_width or 3,
-                budget=budget,
-                on_step=on_step,
-            )
-        else:
-            runner = GraphWalk(
-                nodes,
-                edges,
-                direction=options.direction or "out",
-                edge_types=options.edge_types,
-                neighbor_limit=options.neighbor_limit or 8,
-                max_steps=options.max_steps or 8,
-                budget=budget,
-                on_step=on_step,
-            )
-        start_key = options.start_key or (seeds[0].id if seeds else None)
-        result = run_agentic(
-            ModelChooser(model, f"{options.strategy}_navigation", lookups=lookups),
-            runner,
+        result = _agentic(
+            scope,
+            options,
             query=query,
-            start_key=start_key,
+            start_key=options.start_key or (seeds[0].id if seeds else None),
             search=QuerySearcher(scope, mode, limit, embedder, fusion, alpha),
-            instruction=options.instruction,
-            instruction_field=options.instruction_field,
+            chooser=ModelChooser(model, f"{options.strategy}_navigation", lookups=lookups),
+            budget=Budget(max_iterations=max_iterations, max_context_tokens=options.max_context_tokens),
+            on_step=on_step,
             lookups=lookups,
         )
         visits = list(result.visits)[:limit]
         relevance = {v.key: v.score for v in visits}
         status = result.status
     return _outcome(result, visits, relevance, status, scope, options, started)
+
+
+def _agentic(
+    scope: Scope,
+    options: NavigationOptions,
+    *,
+    query: str,
+    start_key: str | None,
+    search: QuerySearcher,
+    chooser: ModelChooser,
+    budget: Budget,
+    on_step: Callable[[Step], None],
+    lookups: Sequence[Lookup],
+) -> NavigationResult:
+    """The model's walk: one move per turn over a tree or graph runner, under `budget`."""
+    nodes = SqlNodes(scope)
+    edges = SqlEdges(scope, options.index)
+    runner: TreeWalk | GraphWalk
+    if options.strategy == "tree":
+        runner = TreeWalk(
+            nodes,
+            edges,
+            max_depth=options.max_depth or 5,
+            beam_width=options.beam_width or 3,
+            budget=budget,
+            on_step=on_step,
+        )
+    else:
+        runner = GraphWalk(
+            nodes,
+            edges,
+            direction=options.direction or "out",
+            edge_types=options.edge_types,
+            neighbor_limit=options.neighbor_limit or 8,
+            max_steps=options.max_steps or 8,
+            budget=budget,
+            on_step=on_step,
+        )
+    return run_agentic(
+        chooser,
+        runner,
+        query=query,
+        start_key=start_key,
+        search=search,
+        instruction=options.instruction,
+        instruction_field=options.instruction_field,
+        lookups=lookups,
+    )
 
 
 def _outcome(
