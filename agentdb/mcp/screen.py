@@ -128,7 +128,7 @@ def screen(message: bytes, max_bytes: int) -> Screened | None:
             path="arguments",
             hint="an operator may raise AGENTDB_MAX_REQUEST_BYTES",
         )
-    elif problem.path != "body":
+    elif problem.path is not None and problem.path != "body":
         error = InvalidParamValue(problem.message, path=_tool_path(_location(problem.path)))
     elif frame.deep is not None:
         error = InvalidParamValue(problem.message, path=_tool_path(frame.deep))
@@ -139,18 +139,18 @@ def screen(message: bytes, max_bytes: int) -> Screened | None:
     framed = frame.balanced and (problem is None or not problem.message.startswith("malformed"))
     envelope = error.to_dict()
     if not framed or frame.request_id is None:
-        reply = {
+        refusal: dict[str, Any] = {
             "jsonrpc": "2.0",
             "id": None,
             "error": {"code": PARSE_ERROR, "message": error.message, "data": envelope},
         }
-        return Screened(reply, error, answered=False)
+        return Screened(refusal, error, answered=False)
     if frame.method == "tools/call":
         from agentdb.mcp.server import tool_error
 
         result = tool_error(error.to_dict()).model_dump(by_alias=True, exclude_none=True, mode="json")
         return Screened({"jsonrpc": "2.0", "id": frame.request_id, "result": result}, error, answered=True)
-    reply = {
+    reply: dict[str, Any] = {
         "jsonrpc": "2.0",
         "id": frame.request_id,
         "error": {"code": INVALID_PARAMS, "message": error.message, "data": envelope},
