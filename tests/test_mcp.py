@@ -22,7 +22,7 @@ import anyio
 import httpx
 import psycopg
 import pytest
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from psycopg import sql
@@ -347,7 +347,7 @@ async def injected_text_changes_nothing(session: ClientSession) -> None:
 async def hostile_arguments_are_tool_errors(session: ClientSession) -> None:
     """Huge, deep, NUL-bearing and ill-typed arguments: tool errors with agentdb's code and path; the server
     answers the next call as before."""
-    huge = await error(session, "search", source="runbooks", query="x" * 2_000_000)
+    huge = await error(session, "search", source="runbooks", query="x" * 5_000_000)
     assert huge["code"] == 1413
     deep: Any = "leaf"
     for _ in range(40):  # 80 JSON levels: past the request guard's 64, within what the SDK parses
@@ -431,9 +431,42 @@ def test_stdio_needs_a_key_where_principals_exist(corpus: dict[str, Any]) -> Non
         assert out == ""
 
 
+def _tool_call(request_id: int, arguments: bytes) -> bytes:
+    return (
+        b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "search", "arguments": %s}}'
+        % (request_id, arguments)
+    )
+
+
+# Raw messages the SDK's client would never send, each a tools/call but the last two: the id each is answered
+# for (None: a parse error), and the code and path of agentdb's error it carries.
+_DEEP = b'{"$and": [' * 10_000 + b'"leaf"' + b"]}" * 10_000
+HOSTILE_LINES: list[tuple[bytes, int | None, int, str]] = [
+    (_tool_call(2, b'{"source": "runbooks", "query": "a\\ud800b"}'), 2, 3007, "query"),
+    (_tool_call(3, b'{"source": "runbooks", "query": "a\xed\xa0\x80b"}'), 3, 3007, "query"),
+    (_tool_call(4, b'{"source": "runbooks", "query": "back\\u0000ups"}'), 4, 3007, "query"),
+    (_tool_call(5, b'{"source": "runbooks", "query": "q", "filter": ' + _DEEP + b"}"), 5, 3007, "filter"),
+    (_tool_call(6, b'{"source": "runbooks", "query": "' + b"x" * 5_000_000 + b'"}'), 6, 1413, "arguments"),
+    (b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {', None, 3007, "body"),
+    (b'{"jsonrpc": "2.0", "method": "tools/call", "params": {"x": ' + _DEEP + b"}}", None, 3007, "x"),
+]
+
+
+def _assert_screened(message: dict[str, Any], request_id: int | None, code: int, path: str) -> None:
+    if request_id is None:
+        assert message["error"]["code"] == -32700, message
+        got = message["error"]["data"]
+    else:
+        assert message["result"]["isError"] is True, message
+        got = message["result"]["structuredContent"]["error"]
+    assert got["code"] == code and got["path"].startswith(path), (request_id, got)
+    assert set(got) >= {"code", "name", "message", "path"}
+
+
 def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
-    """Lines the SDK client would never send (a lone surrogate escape, invalid UTF-8, broken JSON): the server
-    answers each with an error or ignores it, and then answers a tool call."""
+    """Lines the SDK cannot parse or agentdb refuses (a lone surrogate escape, invalid UTF-8, NUL, 10,000-deep
+    nesting, a 5 MB argument, broken JSON): each answered, a tool error for a tools/call with an id and a
+    parse error (id null) otherwise, never dropped; then a tool call is answered as before."""
     proc = subprocess.Popen(
         [str(BIN / "agentdb"), "mcp"],
         env=_env(corpus["url"], corpus["assistant"]),
@@ -447,13 +480,10 @@ def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
         proc.stdin.write(raw + b"\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
 
-    def answer(request_id: int) -> dict[str, Any]:
-        while True:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            assert line, "the server closed its output"
-            message = json.loads(line)
-            if message.get("id") == request_id:
-                return dict(message)
+    def answer() -> dict[str, Any]:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line, "the server closed its output"
+        return dict(json.loads(line))
 
     try:
         send(
@@ -470,22 +500,16 @@ def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
                 }
             ).encode()
         )
-        assert "result" in answer(1)
+        assert "result" in answer()
         send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
-        send(
-            b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search", "arguments": '
-            b'{"source": "runbooks", "query": "a\\ud800b"}}}'
-        )
-        send(
-            b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "search", "arguments": '
-            b'{"source": "runbooks", "query": "a\xed\xa0\x80b"}}}'
-        )
-        send(b'{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {')
+        for raw, request_id, code, path in HOSTILE_LINES:
+            send(raw)
+            _assert_screened(answer(), request_id, code, path)  # answered in turn: none dropped
         send(
             json.dumps(
                 {
                     "jsonrpc": "2.0",
-                    "id": 5,
+                    "id": 9,
                     "method": "tools/call",
                     "params": {
                         "name": "search",
@@ -494,8 +518,9 @@ def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
                 }
             ).encode()
         )
-        final = answer(5)
-        assert not final["result"].get("isError") and final["result"]["structuredContent"]["hits"], final
+        final = answer()
+        assert final["id"] == 9 and not final["result"].get("isError"), final
+        assert final["result"]["structuredContent"]["hits"], final
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
@@ -504,7 +529,8 @@ def test_stdio_survives_what_is_not_json(corpus: dict[str, Any]) -> None:
 def test_http_mcp_runs_as_the_bearer(corpus: dict[str, Any]) -> None:
     """/mcp of `agentdb serve`: the same tools and answers as the bearer of each request; no key is 401 as
     anywhere in the API; a session is its opener's (another key gets 404 for it); bodies the request guard
-    refuses (a lone surrogate) are refused there and the session goes on."""
+    screens (a lone surrogate, NUL, 10,000-deep nesting, 5 MB) get a tool error, a body with no recoverable id
+    the guard's 400, and the session goes on."""
     settings = Settings(database_url=corpus["url"], embed_interval_s=0, port=0)
 
     async def main(base: str) -> None:
@@ -513,8 +539,10 @@ def test_http_mcp_runs_as_the_bearer(corpus: dict[str, Any]) -> None:
             await injected_text_changes_nothing(session)
             long = await error(session, "search", source="runbooks", query="x" * 600_000)
             assert (long["code"], long["path"]) == (3007, "query")
-            with pytest.raises(MCPError):  # the request guard's 400 (3007), before MCP reads the body
-                await session.call_tool("search", {"source": "runbooks", "query": "back\x00ups"})
+            nul = await error(session, "search", source="runbooks", query="back\x00ups")
+            assert (nul["code"], nul["path"]) == (3007, "query")
+            huge = await error(session, "search", source="runbooks", query="x" * 5_000_000)
+            assert (huge["code"], huge["path"]) == (1413, "arguments")
             assert (await call(session, "search", source="runbooks", query="logical dumps", top_k=1))["hits"]
 
     with live(settings) as base:
@@ -557,13 +585,16 @@ def test_http_mcp_runs_as_the_bearer(corpus: dict[str, Any]) -> None:
             f"{base}/mcp", headers=other, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
         )
         assert stolen.status_code == 404, stolen.text
-        surrogate = httpx.post(
-            f"{base}/mcp",
-            headers={**own, "content-type": "application/json"},
-            content=b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "search", '
-            b'"arguments": {"source": "runbooks", "query": "a\\ud800b"}}}',
-        )
-        assert surrogate.status_code == 400 and surrogate.json()["error"]["code"] == 3007, surrogate.text
+        for raw, request_id, code, path in HOSTILE_LINES:
+            screened = httpx.post(
+                f"{base}/mcp", headers={**own, "content-type": "application/json"}, content=raw, timeout=60
+            )
+            if request_id is None:  # nothing to answer a JSON-RPC response for: the request guard's envelope
+                assert screened.status_code == 400, screened.text
+                assert screened.json()["error"]["code"] == code, screened.text
+            else:
+                assert screened.status_code == 200, screened.text
+                _assert_screened(screened.json(), request_id, code, path)
         listed = httpx.post(
             f"{base}/mcp", headers=own, json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"}
         )

@@ -7,6 +7,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import orjson
@@ -274,11 +275,15 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.state.slots = principal_slots(settings)
     _add_error_handlers(app)
     app.add_middleware(LockedGate, settings=settings)
+    from agentdb.mcp.http import MCP_PATH, McpEndpoint  # it imports this package's admission rules
+    from agentdb.mcp.screen import screen
+
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
         max_request_bytes=settings.max_request_bytes,
         admit=admit_body,
+        screens={MCP_PATH: partial(screen, max_bytes=settings.max_request_bytes)},
     )
     app.include_router(routes)  # its 405 for /agents/retrieval comes before /agents/{name}
     app.include_router(retrieval.router)
@@ -290,8 +295,6 @@ def create_app(settings: Settings | None = None, *, pool: ConnectionPool | None 
     app.mount("/playground/static", playground.assets, name="playground")
     app.include_router(docs.router)
     app.mount("/docs-assets", docs.assets, name="docs-assets")
-    from agentdb.mcp.http import MCP_PATH, McpEndpoint  # it imports this package's admission rules
-
     app.state.mcp = McpEndpoint(settings)
     app.router.routes.append(Route(MCP_PATH, app.state.mcp, include_in_schema=False))  # every method: the SDK
     return app

@@ -6,15 +6,17 @@ large one), also while it streams in. A body that is not small is only read once
 (a valid key, or a keyless server's own loopback client), and it is parsed and checked in a worker thread,
 never on the event loop. The check refuses, with its JSON path: JSON that does not parse (with its line and
 column), NUL characters, lone UTF-16 surrogates, integers beyond 64 bits, JSON nested deeper than MAX_DEPTH
-levels and, outside the bulk uploads, lists longer than MAX_LIST_ITEMS."""
+levels and, outside the bulk uploads, lists longer than MAX_LIST_ITEMS. A path with a screen of its own (`screens`:
+/mcp, whose JSON-RPC requests get their refusal as a JSON-RPC answer) takes the large body limit, and its
+body goes to that screen instead, once its sender is admitted."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import orjson
@@ -162,10 +164,25 @@ def media_type(headers: dict[bytes, bytes]) -> str | None:
     return value.decode("latin-1").split(";", 1)[0].strip().lower()
 
 
+class Screened(Protocol):
+    """A screen's verdict on a body it will not pass on: the answer, the error, and whether the answer is for
+    the request (sent with 200) or not (the error's envelope is sent instead)."""
+
+    reply: dict[str, Any]
+    error: AgentDBError
+    answered: bool
+
+
+class _Answer(Exception):
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+
+
 class RequestGuard:
     """ASGI middleware: checks path, query string and Content-Type, admits the sender of a large body, reads the
     body with a running size check, checks it, then hands the route the buffered body. `admit(scope)` raises
-    the error a request's sender gets when it may not send a body (runs in a thread)."""
+    the error a request's sender gets when it may not send a body (runs in a thread). `screens` maps a path
+    to the check its POST bodies get instead of the usual one (None: the body goes on)."""
 
     def __init__(
         self,
@@ -173,11 +190,13 @@ class RequestGuard:
         max_body_bytes: int,
         max_request_bytes: int,
         admit: Callable[[Scope], None] | None = None,
+        screens: Mapping[str, Callable[[bytes], Screened | None]] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_request_bytes = min(max_request_bytes, max_body_bytes)
         self.admit = admit
+        self.screens = dict(screens or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -187,6 +206,9 @@ class RequestGuard:
             body = await self._checked_body(scope, receive)
         except AgentDBError as error:
             await refuse(send, error)
+            return
+        except _Answer as answer:
+            await _answer(send, answer.reply)
             return
         if body is None:
             return  # the client went away
@@ -210,8 +232,13 @@ class RequestGuard:
         chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
         has_body = chunked or (declared.isdigit() and int(declared) > 0)
         upload = method == "POST" and bool(_UPLOADS.match(path))
+        screening = self.screens.get(path) if method == "POST" else None
         limit = (
-            0 if method not in _BODY_METHODS else self.max_body_bytes if upload else self.max_request_bytes
+            0
+            if method not in _BODY_METHODS
+            else self.max_body_bytes
+            if upload or screening
+            else self.max_request_bytes
         )
         kind = media_type(headers)
         lines = kind in NDJSON_TYPES
@@ -247,6 +274,15 @@ class RequestGuard:
                 raise self._too_large(limit, None)
             more = message.get("more_body", False)
         data = bytes(body)
+        if screening is not None:
+            screened = await run_in_threadpool(screening, data) if large else screening(data)
+            if screened is None:
+                return data
+            if not large and self.admit is not None:
+                await run_in_threadpool(self.admit, scope)  # only an admitted sender hears what was wrong
+            if screened.answered:
+                raise _Answer(screened.reply)
+            raise screened.error
         max_items = None if upload else MAX_LIST_ITEMS
         if large:
             error = await run_in_threadpool(partial(body_problem, data, lines=lines, max_items=max_items))
@@ -267,6 +303,19 @@ class RequestGuard:
             if limit == self.max_body_bytes
             else "bulk data goes to the upload endpoints; an operator may raise AGENTDB_MAX_REQUEST_BYTES",
         )
+
+
+async def _answer(send: Send, reply: dict[str, Any]) -> None:
+    """A screen's JSON-RPC answer to the request (200)."""
+    body = orjson.dumps(reply)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def refuse(send: Send, error: AgentDBError) -> None:

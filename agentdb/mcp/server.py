@@ -54,7 +54,7 @@ class Door(Protocol):
     ) -> AbstractContextManager[tuple[psycopg.Connection[Any], Principal | None]]: ...
 
 
-def _error(error: dict[str, Any]) -> types.CallToolResult:
+def tool_error(error: dict[str, Any]) -> types.CallToolResult:
     body = {"error": error}
     return types.CallToolResult(
         content=[types.TextContent(text=orjson.dumps(body).decode())], structured_content=body, is_error=True
@@ -119,7 +119,7 @@ def _run(
         data["budget_left"] = budget.state()
         return types.CallToolResult(content=[types.TextContent(text=answer.text)], structured_content=data)
     except Exception as exc:  # every failure is the caller's tool error, never the server's
-        return _error(_as_error(exc))
+        return tool_error(_as_error(exc))
 
 
 def build_server(door: Door) -> Server[Any]:
@@ -149,4 +149,4 @@ def build_server(door: Door) -> Server[Any]:
     )
 
 
-__all__ = ["INSTRUCTIONS", "Door", "build_server"]
+__all__ = ["INSTRUCTIONS", "Door", "build_server", "tool_error"]
