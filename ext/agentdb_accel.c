@@ -50,10 +50,13 @@
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
+#include "tsearch/ts_type.h"
 
-PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.0");
+PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.2");
 
 PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk_blocks);
+PG_FUNCTION_INFO_V1(agentdb_accel_tsv_blocks);
+PG_FUNCTION_INFO_V1(agentdb_accel_tsv_total_len);
 
 /* A block holds the postings of up to this many chunks of one term. */
 #define BLOCK 128
@@ -706,4 +709,318 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	}
 	MemoryContextDelete(work);
 	PG_RETURN_VOID();
+}
+
+
+/*
+ * The write path: a statement's posting blocks from its rows' tsvectors, as agentdb_internal.block_sql cuts
+ * them (sql/020_lexical.sql), for the lexical triggers of a source in the block layout.
+ *
+ * A posting of lexeme t in chunk c has tf = its number of positions (1 when it has none) and dl = the sum of
+ * c's tfs. Each term's postings are cut into blocks of BLOCK in chunk order; a block's row holds its term, its
+ * lowest and highest chunk id, its largest tf and smallest dl, and its arrays (offsets from the lowest id).
+ */
+
+/* A lexeme's bytes (inside its tsvector, not terminated). */
+typedef struct LexemeKey
+{
+	const char *lexeme;
+	uint32		len;
+} LexemeKey;
+
+/* A distinct lexeme of the statement, and its number in order of first appearance. */
+typedef struct WriteTerm
+{
+	LexemeKey	key;
+	uint32		hash;
+	char		status;
+	int32		index;
+} WriteTerm;
+
+#define SH_PREFIX lex
+#define SH_ELEMENT_TYPE WriteTerm
+#define SH_KEY_TYPE LexemeKey
+#define SH_KEY key
+#define SH_HASH_KEY(tb, k) hash_bytes((const unsigned char *) (k).lexeme, (int) (k).len)
+#define SH_EQUAL(tb, a, b) ((a).len == (b).len && memcmp((a).lexeme, (b).lexeme, (a).len) == 0)
+#define SH_STORE_HASH
+#define SH_GET_HASH(tb, a) ((a)->hash)
+#define SH_SCOPE static inline
+#define SH_DECLARE
+#define SH_DEFINE
+#include "lib/simplehash.h"
+
+/* One posting of the statement, by term and chunk. */
+typedef struct WritePosting
+{
+	int64		cid;
+	int32		dl;
+	int16		tf;
+} WritePosting;
+
+static int
+write_posting_order(const void *a, const void *b)
+{
+	int64		x = ((const WritePosting *) a)->cid;
+	int64		y = ((const WritePosting *) b)->cid;
+
+	return (x > y) - (x < y);
+}
+
+/* The tf of each lexeme entry, as coalesce(cardinality(positions), 1) reads it. */
+static inline int32
+entry_tf(TSVector tsv, WordEntry *e)
+{
+	return e->haspos ? POSDATALEN(tsv, e) : 1;
+}
+
+static ArrayType *
+write_array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype)
+{
+	ArrayType  *a = PG_GETARG_ARRAYTYPE_P(i);
+
+	if (ARR_ELEMTYPE(a) != elemtype || ARR_NDIM(a) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument %d of agentdb_accel.tsv_blocks must be a one-dimensional array of its type",
+						i + 1)));
+	return a;
+}
+
+/*
+ * agentdb_accel.tsv_blocks(chunk_ids bigint[], tsvs tsvector[])
+ * returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[],
+ *                tfs int2[], dls int4[])
+ *
+ * The posting blocks of the chunks chunk_ids[i] whose tsvectors are tsvs[i] (a null tsvector holds nothing).
+ * Each term's postings are ordered by chunk id before they are cut (stable: the ids of one statement are
+ * distinct), so the blocks are those the SQL path cuts when the rows come in chunk order (a write of agentdb's,
+ * a rebuild).
+ */
+Datum
+agentdb_accel_tsv_blocks(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext work;
+	MemoryContext old;
+	ArrayType  *a_ids;
+	ArrayType  *a_tsvs;
+	Datum	   *ids;
+	bool	   *id_nulls;
+	Datum	   *tsvs;
+	bool	   *tsv_nulls;
+	int			nids;
+	int			ntsvs;
+	int			c;
+	int64		nposts = 0;
+	lex_hash   *terms;
+	int32		nterms = 0;
+	int32	   *term_of;		/* a posting's term, in the statement's order of postings */
+	int64	   *starts;			/* term t's postings: [starts[t], starts[t + 1]) of by_term */
+	int64	   *fill;
+	WritePosting *by_term;
+	LexemeKey  *lexemes;
+	int64		p;
+	int32		t;
+
+	InitMaterializedSRF(fcinfo, 0);
+	a_ids = write_array_arg(fcinfo, 0, INT8OID);
+	a_tsvs = write_array_arg(fcinfo, 1, TSVECTOROID);
+
+	work = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel tsv_blocks", ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(work);
+
+	deconstruct_array(a_ids, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &ids, &id_nulls, &nids);
+	deconstruct_array(a_tsvs, TSVECTOROID, -1, false, TYPALIGN_INT, &tsvs, &tsv_nulls, &ntsvs);
+	if (nids != ntsvs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("agentdb_accel.tsv_blocks needs one chunk id a tsvector")));
+
+	/* First pass: each posting's term, and the number of postings of each term. */
+	for (c = 0; c < ntsvs; c++)
+		if (!tsv_nulls[c])
+		{
+			if (id_nulls[c])
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("agentdb_accel.tsv_blocks: a chunk id is null")));
+			tsvs[c] = PointerGetDatum(DatumGetTSVector(tsvs[c]));
+			nposts += DatumGetTSVector(tsvs[c])->size;
+		}
+	terms = lex_create(work, 1024, NULL);
+	term_of = palloc(sizeof(int32) * Max(nposts, 1));
+	p = 0;
+	for (c = 0; c < ntsvs; c++)
+	{
+		TSVector	tsv;
+		WordEntry  *e;
+		int			j;
+
+		CHECK_FOR_INTERRUPTS();
+		if (tsv_nulls[c])
+			continue;
+		tsv = DatumGetTSVector(tsvs[c]);
+		e = ARRPTR(tsv);
+		for (j = 0; j < tsv->size; j++)
+		{
+			LexemeKey	key = {STRPTR(tsv) + e[j].pos, e[j].len};
+			bool		found;
+			WriteTerm  *w = lex_insert(terms, key, &found);
+
+			if (!found)
+				w->index = nterms++;
+			term_of[p++] = w->index;
+		}
+	}
+	starts = palloc0(sizeof(int64) * (nterms + 1));
+	for (p = 0; p < nposts; p++)
+		starts[term_of[p] + 1]++;
+	for (t = 0; t < nterms; t++)
+		starts[t + 1] += starts[t];
+
+	/* Second pass: the postings grouped by term, each term's in the statement's order. */
+	fill = palloc(sizeof(int64) * Max(nterms, 1));
+	memcpy(fill, starts, sizeof(int64) * nterms);
+	by_term = palloc(sizeof(WritePosting) * Max(nposts, 1));
+	p = 0;
+	for (c = 0; c < ntsvs; c++)
+	{
+		TSVector	tsv;
+		WordEntry  *e;
+		int			j;
+		int64		dl = 0;
+		int64		first = p;
+		int64		cid;
+
+		CHECK_FOR_INTERRUPTS();
+		if (tsv_nulls[c])
+			continue;
+		tsv = DatumGetTSVector(tsvs[c]);
+		e = ARRPTR(tsv);
+		cid = DatumGetInt64(ids[c]);
+		for (j = 0; j < tsv->size; j++)
+			dl += entry_tf(tsv, &e[j]);
+		if (dl > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("agentdb_accel.tsv_blocks: a chunk's length is out of range")));
+		for (j = 0; j < tsv->size; j++)
+		{
+			WritePosting *w = &by_term[fill[term_of[first + j]]++];
+
+			w->cid = cid;
+			w->tf = (int16) entry_tf(tsv, &e[j]);
+			w->dl = (int32) dl;
+		}
+		p = first + tsv->size;
+	}
+
+	/* Each term's lexeme, by its number. */
+	lexemes = palloc(sizeof(LexemeKey) * Max(nterms, 1));
+	{
+		lex_iterator it;
+		WriteTerm  *w;
+
+		lex_start_iterate(terms, &it);
+		while ((w = lex_iterate(terms, &it)) != NULL)
+			lexemes[w->index] = w->key;
+	}
+
+	/* Each term's postings in chunk order, cut into blocks. */
+	for (t = 0; t < nterms; t++)
+	{
+		WritePosting *tp = &by_term[starts[t]];
+		int64		n = starts[t + 1] - starts[t];
+		int64		i;
+		int64		from;
+		bool		ordered = true;
+		text	   *term;
+
+		CHECK_FOR_INTERRUPTS();
+		for (i = 1; i < n && ordered; i++)
+			ordered = tp[i - 1].cid < tp[i].cid;
+		if (!ordered)
+			qsort(tp, n, sizeof(WritePosting), write_posting_order);
+		term = cstring_to_text_with_len(lexemes[t].lexeme, (int) lexemes[t].len);
+		for (from = 0; from < n; from += BLOCK)
+		{
+			int			m = (int) Min(BLOCK, n - from);
+			Datum		offs[BLOCK];
+			Datum		tfs[BLOCK];
+			Datum		dls[BLOCK];
+			int64		lo = tp[from].cid;
+			int64		hi = tp[from + m - 1].cid;
+			int32		max_tf = 0;
+			int32		min_dl = PG_INT32_MAX;
+			Datum		values[8];
+			bool		nulls[8] = {false, false, false, false, false, false, false, false};
+			int			k;
+
+			for (k = 0; k < m; k++)
+			{
+				const WritePosting *w = &tp[from + k];
+
+				if (w->cid - lo > PG_INT32_MAX)
+					ereport(ERROR,
+							(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+							 errmsg("agentdb_accel.tsv_blocks: a block's chunk range is out of range")));
+				offs[k] = Int32GetDatum((int32) (w->cid - lo));
+				tfs[k] = Int16GetDatum(w->tf);
+				dls[k] = Int32GetDatum(w->dl);
+				max_tf = Max(max_tf, w->tf);
+				min_dl = Min(min_dl, w->dl);
+			}
+			values[0] = PointerGetDatum(term);
+			values[1] = Int64GetDatum(lo);
+			values[2] = Int64GetDatum(hi);
+			values[3] = Int32GetDatum(max_tf);
+			values[4] = Int32GetDatum(min_dl);
+			values[5] = PointerGetDatum(construct_array_builtin(offs, m, INT4OID));
+			values[6] = PointerGetDatum(construct_array_builtin(tfs, m, INT2OID));
+			values[7] = PointerGetDatum(construct_array_builtin(dls, m, INT4OID));
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			pfree(DatumGetPointer(values[5]));
+			pfree(DatumGetPointer(values[6]));
+			pfree(DatumGetPointer(values[7]));
+		}
+		pfree(term);
+	}
+
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(work);
+	PG_RETURN_VOID();
+}
+
+/*
+ * agentdb_accel.tsv_total_len(tsvs tsvector[]) returns bigint: the sum of the tfs of every lexeme of the
+ * tsvectors (a null one holds none), the length a statement adds to corpus_stats.total_len.
+ */
+Datum
+agentdb_accel_tsv_total_len(PG_FUNCTION_ARGS)
+{
+	ArrayType  *a = write_array_arg(fcinfo, 0, TSVECTOROID);
+	ArrayIterator it = array_create_iterator(a, 0, NULL);
+	Datum		d;
+	bool		isnull;
+	int64		len = 0;
+
+	while (array_iterate(it, &d, &isnull))
+	{
+		TSVector	tsv;
+		WordEntry  *e;
+		int			j;
+
+		CHECK_FOR_INTERRUPTS();
+		if (isnull)
+			continue;
+		tsv = DatumGetTSVector(d);
+		e = ARRPTR(tsv);
+		for (j = 0; j < tsv->size; j++)
+			len += entry_tf(tsv, &e[j]);
+		if ((Pointer) tsv != DatumGetPointer(d))
+			pfree(tsv);
+	}
+	array_free_iterator(it);
+	PG_RETURN_INT64(len);
 }

@@ -180,6 +180,54 @@ select case when layout = 'rows' then format($q$
     end
 $$;
 
+-- Whether this session's lexical writes to a source in the block layout take the accelerator's write path
+-- (ext/, agentdb_accel.tsv_blocks): the extension offers it to the current user (the owner of the SECURITY
+-- DEFINER triggers) and agentdb.lexical_path is not 'sql'. Else agentdb.lexical_add_sql's plain SQL.
+create or replace function agentdb_internal.lexical_write_accel() returns boolean
+language sql stable as $$
+select coalesce(current_setting('agentdb.lexical_path', true), '') <> 'sql'
+       and coalesce((select has_function_privilege(x.oid, 'execute')
+                     from pg_catalog.pg_proc x
+                     where x.proname = 'tsv_blocks' and x.pronamespace = to_regnamespace('agentdb_accel')), false)
+$$;
+
+-- agentdb.lexical_add_sql's statement for the block layout on the accelerator's write path: the rows' ids and
+-- tsvectors are gathered into two arrays, agentdb_accel.tsv_blocks cuts their blocks (each term's postings in
+-- chunk order, 128 a block, with their bounds) and tsv_total_len sums their lengths; the blocks are inserted
+-- and the delta is folded from them as on the SQL path. The same blocks as agentdb_internal.block_sql's when
+-- the rows come in chunk order (a write of agentdb's ingestion; the SQL path cuts in the order they come), so
+-- the same statistics. The arrays are one value each, which PostgreSQL bounds at 1 GB: the callers take this
+-- path only for a statement whose tsvectors are well below it (agentdb_internal.lexical_add_stmt).
+create or replace function agentdb_internal.lexical_add_accel_sql(rel text) returns text
+language sql immutable as $$
+select format($q$
+    with batch as materialized (
+        select array_agg(n.agentdb_chunk_id) as ids, array_agg(n.agentdb_tsv) as tsvs from %1$s n
+    ), lengths as (
+        select agentdb_accel.tsv_total_len(r.tsvs) as dl from batch r
+    ), blocks as (
+        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
+        select $1, b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls
+        from batch r cross join lateral agentdb_accel.tsv_blocks(r.ids, r.tsvs) b
+        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
+    ), term_delta as (
+        select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
+        from blocks group by term
+    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel))
+$$;
+
+-- The statement a lexical trigger runs to add the rows of `rel` (a transition table) to a source of layout
+-- `layout`, whose delta it returns: the accelerator's (agentdb_internal.lexical_add_accel_sql) when the
+-- source is in the block layout, the session takes that path and the rows' tsvectors are stored in less than
+-- 128 MB (`tsv_bytes`, their pg_column_size; gathered, even compressed eightfold, they stay below the 1 GB
+-- of one value); else agentdb.lexical_add_sql's.
+create or replace function agentdb_internal.lexical_add_stmt(rel text, layout text, tsv_bytes bigint) returns text
+language sql stable as $$
+select case when layout = 'blocks' and tsv_bytes < 134217728 and agentdb_internal.lexical_write_accel()
+            then agentdb_internal.lexical_add_accel_sql(rel)
+            else agentdb.lexical_add_sql(rel, layout) end
+$$;
+
 -- Add delta `d` (agentdb.lexical_add_sql's) to source `source_id`'s statistics: its corpus_stats row first
 -- (the source's write lock, held to commit), then its terms' term_stats rows in term order.
 create or replace function agentdb_internal.lexical_apply(source_id int, d agentdb_internal.lexical_delta)
@@ -214,8 +262,11 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     delta agentdb_internal.lexical_delta;
+    tsv_bytes bigint;
 begin
-    execute agentdb.lexical_add_sql('new_rows', agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int))
+    select coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) into tsv_bytes from new_rows n;
+    execute agentdb_internal.lexical_add_stmt('new_rows', agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int),
+                                              tsv_bytes)
         into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'insert') loop
@@ -302,15 +353,17 @@ declare
     stmt text;
     layout text := agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int);
     delta agentdb_internal.lexical_delta;
+    tsv_bytes bigint;
 begin
     foreach stmt in array agentdb.lexical_remove_sql(
         '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id)'
         ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
-    execute agentdb.lexical_add_sql(
+    select coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) into tsv_bytes from new_rows n;
+    execute agentdb_internal.lexical_add_stmt(
         '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) into delta using TG_ARGV[0]::int;
+        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout, tsv_bytes) into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'update') loop
         execute stmt using TG_ARGV[0]::int;

@@ -270,3 +270,71 @@ def test_accel_build_for_a_self_hosted_server(tmp_path: Path) -> None:
         check=False,
     )
     assert failed.returncode != 0 and "InvalidParamValue" in failed.stderr
+
+
+def _derived(conn: psycopg.Connection[Any], name: str) -> tuple[Any, ...]:
+    """Source `name`'s blocks (each posting named by its document), term statistics and corpus statistics."""
+    sid = conn.execute("select id from agentdb.sources where name = %s", (name,)).fetchone()[0]  # type: ignore[index]
+    table = sql.Identifier("agentdb_docs", name)
+    blocks = conn.execute(
+        sql.SQL(
+            """select b.term, b.max_tf, b.min_dl, b.last_chunk - b.first_chunk, b.tfs, b.dls,
+                      (select array_agg(t.doc_id order by u.o) from unnest(b.offs) with ordinality u(off, o)
+                       join {} t on t.agentdb_chunk_id = b.first_chunk + u.off)
+               from agentdb.posting_blocks b where b.source_id = %s order by 1, 7"""
+        ).format(table),
+        (sid,),
+    ).fetchall()
+    terms = conn.execute(
+        "select term, df, max_tf, min_dl, max_span from agentdb.term_stats where source_id = %s order by term",
+        (sid,),
+    ).fetchall()
+    corpus = conn.execute(
+        "select n_chunks, total_len from agentdb.corpus_stats where source_id = %s", (sid,)
+    ).fetchall()
+    return blocks, terms, corpus
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_write_path_in_c_writes_what_sql_writes(
+    conn: psycopg.Connection[Any], data: st.DataObject
+) -> None:
+    """The same rows written to two block sources, one through agentdb_accel.tsv_blocks and one through the
+    plain SQL statements (random inserts, updates of text, deletes): the same blocks, term statistics and
+    corpus statistics, and lexical_check finds nothing on either."""
+    paths = {"wa": "accel", "ws": "sql"}
+    for name in paths:
+        conn.execute(sql.SQL("drop table if exists {} cascade").format(sql.Identifier("agentdb_docs", name)))
+        conn.execute("delete from agentdb.sources where name = %s", (name,))
+        create_document_source(
+            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+        )
+    rng = random.Random(data.draw(st.integers(0, 2**16), label="seed"))
+    for _ in range(data.draw(st.integers(1, 4), label="writes")):
+        op = data.draw(st.sampled_from(["insert", "insert", "update", "delete"]), label="op")
+        rows = _rows(rng, data.draw(st.integers(1, 400), label="n"))
+        words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
+        mod = data.draw(st.integers(2, 9), label="mod")
+        for name, path in paths.items():
+            _on(conn, path)
+            assert conn.execute("select agentdb_internal.lexical_write_accel()").fetchone() == (
+                path == "accel",
+            )
+            table = sql.Identifier("agentdb_docs", name)
+            if op == "insert":
+                _copy(conn, rows, (name,))
+            elif op == "update":
+                conn.execute(
+                    sql.SQL(
+                        "update {} set text = text || ' ' || %s where right(doc_id, 1)::int %% %s = 0"
+                    ).format(table),
+                    (words, mod),
+                )
+            else:
+                conn.execute(
+                    sql.SQL("delete from {} where right(doc_id, 1)::int %% %s = 1").format(table), (mod,)
+                )
+    assert _derived(conn, "wa") == _derived(conn, "ws")
+    for name in paths:
+        assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,)))

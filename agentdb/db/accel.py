@@ -34,7 +34,11 @@ from agentdb.resources import EXT, resource
 log = logging.getLogger(__name__)
 
 EXTENSION = "agentdb_accel"
-SCRIPTS = (f"{EXTENSION}--1.1.sql", f"{EXTENSION}--1.0--1.1.sql")  # the install script, and 1.0's update
+SCRIPTS = (
+    f"{EXTENSION}--1.2.sql",
+    f"{EXTENSION}--1.0--1.1.sql",
+    f"{EXTENSION}--1.1--1.2.sql",
+)  # install, updates
 SOURCES = ("Makefile", f"{EXTENSION}.c", f"{EXTENSION}.control", *SCRIPTS)
 BUILD_DIR = "agentdb_accel"  # inside pgdata: the server's user can read it, and base backups carry it
 CONF_FILE = "agentdb-accel.conf"

@@ -12,3 +12,18 @@ language c stable strict parallel safe;
 
 revoke all on function bm25_topk(int, text[], float8[], bigint[], int[], int[], bigint[], int, float8, float8,
                                  float8) from public;
+
+-- The write path: a statement's posting blocks from its rows' tsvectors, and the length they add
+-- (agentdb_internal.lexical_add_accel_sql, sql/020_lexical.sql, calls them).
+create function tsv_blocks(chunk_ids bigint[], tsvs tsvector[])
+returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[], tfs int2[],
+               dls int4[])
+as 'MODULE_PATHNAME', 'agentdb_accel_tsv_blocks'
+language c immutable strict parallel safe;
+
+create function tsv_total_len(tsvs tsvector[]) returns bigint
+as 'MODULE_PATHNAME', 'agentdb_accel_tsv_total_len'
+language c immutable strict parallel safe;
+
+revoke all on function tsv_blocks(bigint[], tsvector[]) from public;
+revoke all on function tsv_total_len(tsvector[]) from public;
