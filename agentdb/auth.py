@@ -198,7 +198,7 @@ def create_principal(
                     ),
                 ).fetchone()
             assert row is not None
-            conn.execute("select agentdb.principal_install(%s)", (row["id"],))
+            conn.execute("select agentdb.principal_install(principal_id => %s)", (row["id"],))
     except psycopg.Error as exc:
         error = _db_error(exc)
         if error is None:
@@ -250,7 +250,7 @@ def delete_principal(conn: psycopg.Connection[Any], name: str) -> None:
                 raise StorageFileNotFound(
                     f"unknown principal {name!r}", path="name", hint="list them with `agentdb principal list`"
                 )
-            conn.execute("select agentdb.principal_uninstall(%s)", (row[0],))
+            conn.execute("select agentdb.principal_uninstall(principal_id => %s)", (row[0],))
             conn.execute("delete from agentdb.principals where id = %s", (row[0],))
     except psycopg.Error as exc:
         error = _db_error(exc)

@@ -112,7 +112,8 @@ def compile_filter(
     try:
         with conn.transaction():
             row = conn.execute(
-                "select predicate, params from agentdb_internal.compile_filter(%s, %s::jsonb, %s, %s, %s)",
+                "select predicate, params from agentdb_internal.compile_filter(fields => %s,"
+                " filter => %s::jsonb, params_ref => %s, id_expr => %s, path_prefix => %s)",
                 (
                     fields,
                     text,

@@ -110,7 +110,8 @@ def create_index(
     check_index_name(name)
     row = run_sql(
         conn,
-        "select agentdb.index_create(%(s)s, %(n)s, %(k)s, %(f)s, %(t)s)",
+        "select agentdb.index_create(source => %(s)s, name => %(n)s, kind => %(k)s, field => %(f)s,"
+        " edge_type => %(t)s)",
         {"s": source, "n": name, "k": kind, "f": field, "t": edge_type},
     )
     return IndexInfo.model_validate(row[0][0])
@@ -120,7 +121,7 @@ def list_indexes(conn: psycopg.Connection[Any], source: str) -> list[IndexInfo]:
     """The indexes of `source` by name, with their edge counts (3010 for an unknown source)."""
     rows = run_sql(
         conn,
-        "select name, kind, field, edge_type, edges, created_at from agentdb.index_list(%(s)s)",
+        "select name, kind, field, edge_type, edges, created_at from agentdb.index_list(source => %(s)s)",
         {"s": source},
     )
     return [
@@ -172,7 +173,9 @@ def check_index(
 
 def drop_index(conn: psycopg.Connection[Any], source: str, name: str) -> int:
     """Remove index `name` of `source` with its edges; returns how many edges went (3010 when unknown)."""
-    row = run_sql(conn, "select agentdb.index_drop(%(s)s, %(n)s)", {"s": source, "n": name})
+    row = run_sql(
+        conn, "select agentdb.index_drop(source => %(s)s, index => %(n)s)", {"s": source, "n": name}
+    )
     return int(row[0][0])
 
 
@@ -187,7 +190,7 @@ def add_edges(conn: psycopg.Connection[Any], source: str, index: str, edges: Seq
             try:
                 row = run_sql(
                     conn,
-                    "select agentdb.index_add_edges(%(s)s, %(n)s, %(e)s)",
+                    "select agentdb.index_add_edges(source => %(s)s, index => %(n)s, edges => %(e)s)",
                     {"s": source, "n": index, "e": Jsonb(batch)},
                 )
             except AgentDBError as exc:
@@ -342,7 +345,7 @@ def check_indexes(conn: psycopg.Connection[Any], source: str, index: str | None 
     """Compare the edges of `source`'s indexes (or of `index`) with what the documents imply."""
     rows = run_sql(
         conn,
-        "select index_name, what, mismatches from agentdb.index_check(%(s)s, %(i)s)",
+        "select index_name, what, mismatches from agentdb.index_check(source => %(s)s, index => %(i)s)",
         {"s": source, "i": index},
     )
     found: dict[str, dict[str, int]] = {}
@@ -354,7 +357,9 @@ def check_indexes(conn: psycopg.Connection[Any], source: str, index: str | None 
 def rebuild_indexes(conn: psycopg.Connection[Any], source: str, index: str | None = None) -> int:
     """Rebuild the field-derived edges of `source`'s indexes (or of `index`) from the documents; returns the
     number of edges written. Explicit edges are left alone."""
-    row = run_sql(conn, "select agentdb.index_rebuild(%(s)s, %(i)s)", {"s": source, "i": index})
+    row = run_sql(
+        conn, "select agentdb.index_rebuild(source => %(s)s, index => %(i)s)", {"s": source, "i": index}
+    )
     return int(row[0][0])
 
 
@@ -376,8 +381,9 @@ def neighbors(
     `agentdb.auth.read_scope` for a principal. Ordered by weight, then key and edge type."""
     rows = run_sql(
         conn,
-        "select key, edge_type, weight from agentdb.neighbors(%(s)s, %(i)s, %(k)s, %(d)s, %(t)s, %(m)s,"
-        " %(f)s, %(fq)s, %(eq)s, %(rf)s)",
+        "select key, edge_type, weight from agentdb.neighbors(source => %(s)s, index => %(i)s,"
+        " node => %(k)s, direction => %(d)s, edge_types => %(t)s, max => %(m)s, filter => %(f)s,"
+        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
         {
             "s": source,
             "i": index,
@@ -409,7 +415,8 @@ def roots(
     (agentdb.index_roots), by key."""
     rows = run_sql(
         conn,
-        "select key from agentdb.index_roots(%(s)s, %(i)s, %(m)s, %(f)s, %(fq)s, %(eq)s, %(rf)s)",
+        "select key from agentdb.index_roots(source => %(s)s, index => %(i)s, max => %(m)s, filter => %(f)s,"
+        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
         {
             "s": source,
             "i": index,

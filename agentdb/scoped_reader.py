@@ -53,9 +53,10 @@ def read(
         return []
     rows = run_sql(
         conn,
-        "select ord, doc_id, chunk, title, text, metadata from agentdb.read(%(source)s, %(keys)s,"
-        " %(chunk_from)s, %(chunk_to)s, filter => %(filter)s, filter_query => %(filter_query)s,"
-        " exclusion_query => %(exclusion_query)s, row_filter => %(row_filter)s, fields => %(fields)s)",
+        "select ord, doc_id, chunk, title, text, metadata from agentdb.read(source => %(source)s,"
+        " keys => %(keys)s, chunk_from => %(chunk_from)s, chunk_to => %(chunk_to)s, filter => %(filter)s,"
+        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
+        " row_filter => %(row_filter)s, fields => %(fields)s)",
         {
             "source": source,
             "keys": list(keys),

@@ -622,7 +622,7 @@ begin
         perform agentdb.raise_unknown_source(source_name);
     end if;
     if layout is null or layout not in ('rows', 'blocks') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('lexical layout must be ''rows'' or ''blocks'', not %L', layout), 'layout');
     end if;
     if layout = 'blocks'
@@ -630,7 +630,7 @@ begin
             or exists (select 1 from agentdb.memory_stores m where m.source_id = src.id and m.owner is not null)) then
         foreign_policies := agentdb.principal_foreign_policies(format('%I.%I', src.table_schema, src.table_name)::regclass);
         if cardinality(foreign_policies) > 0 then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('source %L is read by principals and its table has row security policies that are not'
                        ' agentdb''s (%s), which principals'' block reads cannot apply', src.name,
                        array_to_string(foreign_policies, ', ')),

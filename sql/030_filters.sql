@@ -39,8 +39,7 @@ returns void language plpgsql stable as $$
 declare
     prefix text := coalesce(ctx->>'prefix', '');
 begin
-    perform agentdb.raise_error(
-        3007, 'InvalidParamValue',
+    perform agentdb.invalid_param(
         format('filter.%s: at %s: %s', kind, coalesce(nullif(path, ''), '$'), detail),
         case
             when coalesce(path, '') = '' then coalesce(nullif(prefix, ''), '$')

@@ -12,7 +12,7 @@ declare
 begin
     for i in 1 .. coalesce(cardinality(fields), 0) loop
         if fields[i] is null or not fields[i] = any(allowed) then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('unknown field %L in the projection; known: %s', fields[i], array_to_string(allowed, ', ')),
                 format('fields[%s]', i - 1));
         end if;
@@ -98,13 +98,13 @@ begin
         perform agentdb.raise_unknown_source(read.source);
     end if;
     if keys is null or array_ndims(keys) > 1 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'keys must be a one-dimensional array of keys', 'keys');
+        perform agentdb.invalid_param('keys must be a one-dimensional array of keys', 'keys');
     end if;
     if cardinality(chunk_from) is distinct from cardinality(keys) and chunk_from is not null then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'chunk_from must have one entry per key', 'chunk_from');
+        perform agentdb.invalid_param('chunk_from must have one entry per key', 'chunk_from');
     end if;
     if cardinality(chunk_to) is distinct from cardinality(keys) and chunk_to is not null then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'chunk_to must have one entry per key', 'chunk_to');
+        perform agentdb.invalid_param('chunk_to must have one entry per key', 'chunk_to');
     end if;
     perform agentdb.check_projection(src, fields);
     if cardinality(keys) = 0 then

@@ -404,46 +404,46 @@ begin
         perform agentdb.raise_unknown_source(retrieve.source);
     end if;
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('retrieval_mode must be dense, lexical or hybrid, not %L', mode), 'retrieval_mode');
     end if;
     if top_k is null or top_k < 1 or top_k > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'top_k must be between 1 and 1000', 'top_k');
+        perform agentdb.invalid_param('top_k must be between 1 and 1000', 'top_k');
     end if;
     if rrf_k is null or rrf_k < 1 or rrf_k > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'rrf_k must be between 1 and 1000', 'rrf_k');
+        perform agentdb.invalid_param('rrf_k must be between 1 and 1000', 'rrf_k');
     end if;
     if threshold is null or threshold < 0 or threshold > 2 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             'threshold must be between 0 and 2 (a cosine distance; 0 = no limit)', 'threshold');
     end if;
     if fusion is null or fusion not in ('rrf', 'convex') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('fusion must be rrf or convex, not %L', fusion), 'fusion');
     end if;
     -- (also refuses NaN, which compares greater than every number)
     if alpha is null or not (alpha >= 0 and alpha <= 1) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'alpha must be between 0 and 1', 'alpha');
+        perform agentdb.invalid_param('alpha must be between 0 and 1', 'alpha');
     end if;
     if ef_search is null or ef_search < 1 or ef_search > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'ef_search must be between 1 and 1000', 'ef_search');
+        perform agentdb.invalid_param('ef_search must be between 1 and 1000', 'ef_search');
     end if;
     if candidates is not null and (candidates < 1 or candidates > 4000) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'candidates must be between 1 and 4000', 'candidates');
+        perform agentdb.invalid_param('candidates must be between 1 and 4000', 'candidates');
     end if;
     if model is not null and model <> src.embedding_model then
-        perform agentdb.raise_error(8003, 'StorageContentError',
+        perform agentdb.content_mismatch(
             format('source %L was embedded with %L but the query uses %L', src.name, src.embedding_model, model),
             'embedding_model', 'query with the source''s model, or re-ingest the source with the new model');
     end if;
     if use_dense and query_embedding is null and coalesce(btrim(query), '') <> '' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('retrieval_mode %L needs query_embedding (a vector from the source''s model %L)', mode, src.embedding_model),
             'query_embedding',
             'pass query_embedding => ..., call agentdb.similar(source, id) to reuse a stored vector, or use mode => ''lexical''');
     end if;
     if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
-        perform agentdb.raise_error(8003, 'StorageContentError',
+        perform agentdb.content_mismatch(
             format('query_embedding has dimension %s but source %L has dimension %s',
                    vector_dims(query_embedding), src.name, src.embedding_dim), 'query_embedding');
     end if;
@@ -490,7 +490,7 @@ begin
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
     setting := nullif(btrim(current_setting('agentdb.lexical_seed_postings', true)), '');
     if setting !~ '^\d{1,18}$' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('agentdb.lexical_seed_postings must be a whole number of postings, not %L', setting),
             'agentdb.lexical_seed_postings', 'reset agentdb.lexical_seed_postings to use the default');
     end if;
@@ -761,7 +761,7 @@ begin
                    ' order by %s limit 1', agentdb.source_relation(src), r.doc_id, r.chunk)
         into v using $2;
     if v is null then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound',
+        perform agentdb.not_found(
             format('source %L has no embedded document %L', src.name, $2), 'id');
     end if;
     return query

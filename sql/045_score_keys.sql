@@ -34,7 +34,7 @@ begin
         perform agentdb.raise_unknown_source(score_keys.source);
     end if;
     if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
-        perform agentdb.raise_error(8003, 'StorageContentError',
+        perform agentdb.content_mismatch(
             format('query_embedding has dimension %s but source %L has dimension %s',
                    vector_dims(query_embedding), src.name, src.embedding_dim), 'query_embedding');
     end if;

@@ -384,7 +384,7 @@ declare
 begin
     select * into p from agentdb.principals where id = principal_id;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown principal id %s', principal_id), 'name');
+        perform agentdb.not_found(format('unknown principal id %s', principal_id), 'name');
     end if;
     -- On a Citus coordinator the role's reads open connections to the workers as the role, so it may log in;
     -- it has no password, so a server that asks for one (every door but the cluster's trusted local
@@ -453,7 +453,7 @@ begin
         if src.lexical_layout = 'blocks' then
             foreign_policies := agentdb.principal_foreign_policies(rel::regclass);
             if cardinality(foreign_policies) > 0 then
-                perform agentdb.raise_error(3007, 'InvalidParamValue',
+                perform agentdb.invalid_param(
                     format('source %L keeps block postings and its table has row security policies that are not'
                            ' agentdb''s (%s), which principals'' block reads cannot apply', src.name,
                            array_to_string(foreign_policies, ', ')), 'tables',

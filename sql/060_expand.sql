@@ -131,17 +131,17 @@ begin
         perform agentdb.raise_unknown_source(expand.source);
     end if;
     if expand_window is null or expand_window < 1 or expand_window > 101 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'expand_window must be between 1 and 101', 'expand_window');
+        perform agentdb.invalid_param('expand_window must be between 1 and 101', 'expand_window');
     end if;
     if hits is null or jsonb_typeof(hits) <> 'array' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'hits must be a JSON array', 'hits');
+        perform agentdb.invalid_param('hits must be a JSON array', 'hits');
     end if;
     if exists (select 1 from jsonb_array_elements(hits) with ordinality h(v, n)
                where jsonb_typeof(v) <> 'object' or coalesce(jsonb_typeof(v->'id'), 'null') not in ('string', 'number')
                   or case when jsonb_typeof(v->'chunk') = 'number'
                           then (v->>'chunk')::numeric % 1 <> 0 or (v->>'chunk')::numeric < 0 else true end
                   or coalesce(jsonb_typeof(v->'rank'), 'null') not in ('number', 'null')) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             'every hit must be an object with an "id", a chunk position ("chunk", an integer >= 0) and, optionally, a numeric "rank"', 'hits');
     end if;
     if jsonb_array_length(hits) = 0 then

@@ -221,7 +221,7 @@ declare
 begin
     select * into idx from agentdb.indexes i where i.source_id = src.id and i.name = index_name;
     if not found then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound',
+        perform agentdb.not_found(
                                     format('source %L has no index %L', src.name, index_name), 'index',
                                     format('list them with agentdb index list %s', src.name));
     end if;
@@ -247,29 +247,29 @@ declare
     n bigint := 0;
 begin
     if index_create.name is null or index_create.name !~ '^[a-z][a-z0-9_]{0,62}$' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('invalid index name %L: use lowercase letters, digits and _, starting with a letter (max 63)',
                    index_create.name), 'name');
     end if;
     if index_create.kind is null or index_create.kind not in ('tree', 'graph') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('kind must be tree or graph, not %L', index_create.kind), 'kind');
     end if;
     if index_create.field is not null then
         select f into spec from jsonb_array_elements(src.fields) f where f->>'name' = index_create.field;
         if spec is null then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('source %L has no field %L; known: %s', src.name, index_create.field,
                        coalesce((select string_agg(f->>'name', ', ' order by f->>'name')
                                  from jsonb_array_elements(src.fields) f), '(none)')), 'field');
         end if;
         if index_create.kind = 'tree' and spec->>'type' not in ('string', 'int') then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('a tree''s parent field holds one key: field %L is %s (use a string or int field)',
                        index_create.field, spec->>'type'), 'field');
         end if;
         if spec->>'type' not in ('string', 'string_set', 'int') then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('field %L is %s: an index field names document keys (string, string_set or int)',
                        index_create.field, spec->>'type'), 'field');
         end if;
@@ -277,7 +277,7 @@ begin
     etype := coalesce(index_create.edge_type, case when index_create.kind = 'tree' then 'child'
                                                    else coalesce(index_create.field, 'edge') end);
     if etype !~ '^[A-Za-z_][A-Za-z0-9_.:-]{0,62}$' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('invalid edge type %L: a letter or _, then letters, digits, _ . : - (max 63)', etype), 'edge_type');
     end if;
     -- Writers of the source lock this row first (the lexical triggers) and only then read the index list: a
@@ -372,7 +372,7 @@ begin
                    src.name, idx.field), 'index', 'change the documents, or create an index of explicit edges');
     end if;
     if edges is null or jsonb_typeof(edges) <> 'array' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             'edges must be a JSON array of {"from", "to", "type", "weight", "metadata"}', 'edges');
     end if;
     select e.n - 1 as i, p.problem[1] as suffix, p.problem[2] as message into bad
@@ -402,7 +402,7 @@ begin
     where p.problem is not null
     order by e.n limit 1;
     if bad.i is not null then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', format('edges[%s]: %s', bad.i, bad.message),
+        perform agentdb.invalid_param(format('edges[%s]: %s', bad.i, bad.message),
                                     format('edges[%s]%s', bad.i, bad.suffix));
     end if;
     -- One writer of an index at a time: the one-parent rule of a tree is checked against committed edges.
@@ -423,7 +423,7 @@ begin
                where x.source_id = src.id and x.index_id = idx.id and x.to_key = e.v->>'to') > 1
         order by e.n limit 1;
         if bad.i is not null then
-            perform agentdb.raise_error(3007, 'InvalidParamValue',
+            perform agentdb.invalid_param(
                 format('edges[%s]: node %L would have a second parent in tree index %L (a tree node has one parent)',
                        bad.i, bad.child, idx.name), format('edges[%s].to', bad.i));
         end if;
@@ -604,23 +604,23 @@ declare
     cand_weights float8[];
 begin
     if neighbors.node is null or neighbors.node = '' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'node must be a document key', 'node');
+        perform agentdb.invalid_param('node must be a document key', 'node');
     end if;
     if neighbors.direction is null or neighbors.direction not in ('out', 'in', 'both') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('direction must be out, in or both, not %L', neighbors.direction), 'direction');
     end if;
     if array_ndims(neighbors.edge_types) > 1 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'edge_types must be a list of edge types', 'edge_types');
+        perform agentdb.invalid_param('edge_types must be a list of edge types', 'edge_types');
     end if;
     select t.n - 1 into bad from unnest(neighbors.edge_types) with ordinality t(v, n)
     where t.v is null or t.v = '' order by t.n limit 1;
     if bad is not null then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'an edge type must be a non-empty string',
+        perform agentdb.invalid_param('an edge type must be a non-empty string',
                                     format('edge_types[%s]', bad));
     end if;
     if neighbors.max is null or neighbors.max < 1 or neighbors.max > 256 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('max must be between 1 and 256, not %s', coalesce(neighbors.max::text, 'null')), 'max');
     end if;
     select coalesce(array_agg(e.neighbor order by e.neighbor, e.edge_type), '{}'),
@@ -703,7 +703,7 @@ declare
     roots text[];
 begin
     if index_roots.max is not null and index_roots.max < 1 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'max must be at least 1 (or null: all)', 'max');
+        perform agentdb.invalid_param('max must be at least 1 (or null: all)', 'max');
     end if;
     select coalesce(array_agg(x.key order by x.key), '{}') into roots
     from agentdb_internal.index_root_keys(src.id, index_roots.index) x;

@@ -100,12 +100,12 @@ declare
     stmt text;
 begin
     if name is null or name !~ '^[a-z][a-z0-9_]{0,62}$' then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             format('invalid memory store name %L: use lowercase letters, digits and _, starting with a letter (max 63)', name),
             'store');
     end if;
     if owner is not null and not exists (select 1 from agentdb.principals p where p.id = owner) then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown principal id %s', owner), 'owner');
+        perform agentdb.not_found(format('unknown principal id %s', owner), 'owner');
     end if;
     perform pg_advisory_xact_lock(hashtextextended(format('agentdb.memory_store:%s:%s', coalesce(owner, 0), name), 0));
     select m.id into sid from agentdb.memory_stores m where m.name = memory_create_store.name
@@ -462,63 +462,63 @@ declare
     filter_params jsonb;
 begin
     if top_k is null or top_k < 1 or top_k > 100 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'top_k must be between 1 and 100', 'top_k');
+        perform agentdb.invalid_param('top_k must be between 1 and 100', 'top_k');
     end if;
     if ranking is null or ranking not in ('calibrated', 'generative_agents') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue',
+        perform agentdb.invalid_param(
             'ranking must be calibrated or generative_agents', 'ranking');
     end if;
     if decay is null or not (decay > 0 and decay <= 1) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'decay must be greater than 0 and at most 1', 'decay');
+        perform agentdb.invalid_param('decay must be greater than 0 and at most 1', 'decay');
     end if;
     if half_life_hours is null or not (half_life_hours > 0 and half_life_hours < 'Infinity'::float8) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'half_life_hours must be positive and finite',
+        perform agentdb.invalid_param('half_life_hours must be positive and finite',
                                     'half_life_hours');
     end if;
     w_recency := coalesce(w_recency, 1);
     w_importance := coalesce(w_importance, case when ranking = 'calibrated' then 0.5 else 1 end);
     w_relevance := coalesce(w_relevance, case when ranking = 'calibrated' then 3 else 1 end);
     if w_recency is null or not (w_recency >= 0 and w_recency < 'Infinity'::float8) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'weights must be finite and not negative', 'weights.recency');
+        perform agentdb.invalid_param('weights must be finite and not negative', 'weights.recency');
     end if;
     if w_importance is null or not (w_importance >= 0 and w_importance < 'Infinity'::float8) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'weights must be finite and not negative', 'weights.importance');
+        perform agentdb.invalid_param('weights must be finite and not negative', 'weights.importance');
     end if;
     if w_relevance is null or not (w_relevance >= 0 and w_relevance < 'Infinity'::float8) then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'weights must be finite and not negative', 'weights.relevance');
+        perform agentdb.invalid_param('weights must be finite and not negative', 'weights.relevance');
     end if;
     if w_recency + w_importance + w_relevance = 0 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'at least one weight must be positive', 'weights');
+        perform agentdb.invalid_param('at least one weight must be positive', 'weights');
     end if;
     if candidates is null or candidates < 0 or candidates > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'candidates must be between 0 and 1000', 'candidates');
+        perform agentdb.invalid_param('candidates must be between 0 and 1000', 'candidates');
     end if;
     if entity_candidates is null or entity_candidates < 0 or entity_candidates > 100 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'entity_candidates must be between 0 and 100', 'entity_candidates');
+        perform agentdb.invalid_param('entity_candidates must be between 0 and 100', 'entity_candidates');
     end if;
     if entity_threshold is null or entity_threshold < 0 or entity_threshold > 2 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'entity_threshold must be between 0 and 2', 'entity_threshold');
+        perform agentdb.invalid_param('entity_threshold must be between 0 and 2', 'entity_threshold');
     end if;
     if hops is null or hops < 0 or hops > 3 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'hops must be between 0 and 3', 'hops');
+        perform agentdb.invalid_param('hops must be between 0 and 3', 'hops');
     end if;
     if per_entity is null or per_entity < 0 or per_entity > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'per_entity must be between 0 and 1000', 'per_entity');
+        perform agentdb.invalid_param('per_entity must be between 0 and 1000', 'per_entity');
     end if;
     if prior is null or prior < 0 or prior > 1000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'prior must be between 0 and 1000', 'prior');
+        perform agentdb.invalid_param('prior must be between 0 and 1000', 'prior');
     end if;
     if max_edges is null or max_edges < 1 or max_edges > 10000 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'max_edges must be between 1 and 10000', 'max_edges');
+        perform agentdb.invalid_param('max_edges must be between 1 and 10000', 'max_edges');
     end if;
     select * into st from agentdb_internal.memory_store(store);
     if st.id is null then
-        perform agentdb.raise_error(3010, 'StorageFileNotFound', format('unknown memory store %L', store), 'store',
+        perform agentdb.not_found(format('unknown memory store %L', store), 'store',
                                     'a store is created by its first write');
     end if;
     select * into src from agentdb.sources s where s.id = st.source_id;
     if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
-        perform agentdb.raise_error(8003, 'StorageContentError',
+        perform agentdb.content_mismatch(
             format('query_embedding has dimension %s but memory store %L has dimension %s',
                    vector_dims(query_embedding), store, src.embedding_dim), 'query_embedding');
     end if;

@@ -50,7 +50,8 @@ def expand(
     ]
     merged = run_sql(
         conn,
-        "select agentdb.expand(%(source)s, %(hits)s, %(window)s, filter => %(filter)s, row_filter => %(row_filter)s,"
+        "select agentdb.expand(source => %(source)s, hits => %(hits)s, expand_window => %(window)s,"
+        " filter => %(filter)s, row_filter => %(row_filter)s,"
         " fields => %(fields)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
         {
             "source": source,

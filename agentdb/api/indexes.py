@@ -214,7 +214,8 @@ def _check_edge_keys(conn: psycopg.Connection[Any], caller: Principal, name: str
     keys = sorted({str(e[end]) for e in edges for end in ("from", "to")})
     with read_scope(conn, caller):
         rows = conn.execute(
-            "select distinct r.ord from agentdb.read(%s, %s, %s, %s, row_filter => %s) r",
+            "select distinct r.ord from agentdb.read(source => %s, keys => %s, chunk_from => %s,"
+            " chunk_to => %s, row_filter => %s) r",
             (name, keys, [0] * len(keys), [0] * len(keys), Jsonb(caller.row_filter)),
         ).fetchall()
     visible = {keys[r[0] - 1] for r in rows}

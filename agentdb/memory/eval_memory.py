@@ -207,8 +207,8 @@ def _vector_top(
     with read_scope(conn, principal):
         rows = run_sql(
             conn,
-            "select agentdb.retrieve(%(s)s, '', %(v)s::vector, 'dense', top_k => %(k)s, threshold => 0,"
-            " output_results => false)",
+            "select agentdb.retrieve(source => %(s)s, query => '', query_embedding => %(v)s::vector,"
+            " mode => 'dense', top_k => %(k)s, threshold => 0, output_results => false)",
             {"s": source, "v": np.asarray(vector, dtype=np.float32), "k": k},
         )
     return [h["id"] for h in rows[0][0]["hits"]]

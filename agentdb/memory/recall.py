@@ -96,7 +96,8 @@ def recall(
     with read_scope(conn, principal):
         rows = run_sql(
             conn,
-            "select agentdb.memory_recall(%(store)s, %(query)s, %(vec)s::vector, top_k => %(top_k)s,"
+            "select agentdb.memory_recall(store => %(store)s, query => %(query)s,"
+            " query_embedding => %(vec)s::vector, top_k => %(top_k)s,"
             " decay => %(decay)s, ranking => %(ranking)s, half_life_hours => %(half_life)s,"
             " w_recency => %(wr)s, w_importance => %(wi)s, w_relevance => %(wv)s,"
             " candidates => %(candidates)s, entity_candidates => %(entity_candidates)s,"

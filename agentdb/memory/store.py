@@ -71,7 +71,7 @@ def _store(conn: psycopg.Connection[Any], row: dict[str, Any]) -> Store:
 def find_store(conn: psycopg.Connection[Any], name: str) -> Store | None:
     """The active role's store called `name`, or None. Run it inside `read_scope` for a principal."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("select * from agentdb_internal.memory_store(%s)", (name,)).fetchone()
+        row = cur.execute("select * from agentdb_internal.memory_store(store => %s)", (name,)).fetchone()
     return None if row is None else _store(conn, row)
 
 
@@ -158,8 +158,9 @@ def create_store(
     predicates = [normalise_predicate(p) for p in spec.single_valued or ()]
     run_sql(
         conn,
-        "select agentdb.memory_create_store(%(owner)s, %(name)s, %(fields)s, %(model)s, %(dim)s,"
-        " %(cfg)s::regconfig, %(single)s, %(schema)s)",
+        "select agentdb.memory_create_store(owner => %(owner)s, name => %(name)s, fields => %(fields)s,"
+        " embedding_model => %(model)s, embedding_dim => %(dim)s, ts_config => %(cfg)s::regconfig,"
+        " single_valued => %(single)s, schema_name => %(schema)s)",
         {
             "owner": None if principal is None else principal.id,
             "name": name,
@@ -223,7 +224,7 @@ def drop_store(
     resolved = resolve_store_name(name, variables)
     rows = run_sql(
         conn,
-        "select agentdb.memory_drop_store(%(owner)s, %(name)s)",
+        "select agentdb.memory_drop_store(owner => %(owner)s, name => %(name)s)",
         {"owner": None if principal is None else principal.id, "name": resolved},
     )
     if not rows or not rows[0][0]:
@@ -251,7 +252,7 @@ def entity_keys(conn: psycopg.Connection[Any], names: Iterable[str]) -> dict[str
     if not unique:
         return {}
     rows = conn.execute(
-        "select n, agentdb_internal.memory_key(n) from unnest(%s::text[]) n", (unique,)
+        "select n, agentdb_internal.memory_key(name => n) from unnest(%s::text[]) n", (unique,)
     ).fetchall()
     return {n: k for n, k in rows}
 
@@ -259,4 +260,4 @@ def entity_keys(conn: psycopg.Connection[Any], names: Iterable[str]) -> dict[str
 def lock(conn: psycopg.Connection[Any], store: Store) -> None:
     """Take the store's write lock for the rest of the transaction (agentdb_internal.memory_lock): writers of
     one store queue here before anything else, so they cannot deadlock."""
-    conn.execute("select agentdb_internal.memory_lock(%s)", (store.id,))
+    conn.execute("select agentdb_internal.memory_lock(store_id => %s)", (store.id,))

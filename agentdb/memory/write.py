@@ -453,8 +453,9 @@ def _assert(
     single = rel.single_valued if rel.single_valued is not None else rel.predicate in store.single_valued
     row = run_sql(
         conn,
-        "select agentdb_internal.memory_assert(%(store)s, %(s)s, %(p)s, %(o)s, %(rec)s, %(from)s, %(single)s,"
-        " %(embedding)s::vector)",
+        "select agentdb_internal.memory_assert(store_id => %(store)s, subject => %(s)s, predicate => %(p)s,"
+        " object => %(o)s, record_id => %(rec)s, valid_from => %(from)s, single => %(single)s,"
+        " embedding => %(embedding)s::vector)",
         {
             "store": store.id,
             "s": entity_ids[keys[rel.subject]],

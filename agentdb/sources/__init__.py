@@ -26,11 +26,18 @@ from agentdb.sources.catalog import (
     unknown_source,
 )
 from agentdb.sources.ddl import create_document_source, drop_source, write_lexical
-from agentdb.sources.merge import MERGE_SLICES, MERGE_WORKERS, optimize_source, rebuild_lexical
+from agentdb.sources.merge import (
+    MERGE_LOCK_KEY,
+    MERGE_SLICES,
+    MERGE_WORKERS,
+    optimize_source,
+    rebuild_lexical,
+)
 from agentdb.sources.register import reflect_columns, register_table
 from agentdb.sources.vector_index import drop_vector_index, ensure_vector_index
 
 __all__ = [
+    "MERGE_LOCK_KEY",
     "DOCS_SCHEMA",
     "FIELD_NAME",
     "MERGE_SLICES",

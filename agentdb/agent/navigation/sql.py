@@ -67,8 +67,10 @@ class SqlEdges:
     ) -> list[tuple[str, str]]:
         rows = run_sql(
             self.scope.conn,
-            "select key, edge_type from agentdb.neighbors(%(source)s, %(index)s, %(key)s, %(direction)s,"
-            " %(edge_types)s, %(max)s, %(filter)s, %(filter_query)s, %(exclusion_query)s, %(row_filter)s)",
+            "select key, edge_type from agentdb.neighbors(source => %(source)s, index => %(index)s,"
+            " node => %(key)s, direction => %(direction)s, edge_types => %(edge_types)s, max => %(max)s,"
+            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
+            " row_filter => %(row_filter)s)",
             {
                 "source": self.scope.source,
                 "index": self.index,
@@ -89,8 +91,9 @@ class SqlEdges:
         """The visible roots of a tree index (documents no other document points to)."""
         rows = run_sql(
             self.scope.conn,
-            "select key from agentdb.index_roots(%(source)s, %(index)s, null, %(filter)s, %(filter_query)s,"
-            " %(exclusion_query)s, %(row_filter)s)",
+            "select key from agentdb.index_roots(source => %(source)s, index => %(index)s,"
+            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
+            " row_filter => %(row_filter)s)",
             {"source": self.scope.source, "index": self.index, **self.scope.json_filters()},
         )
         return [r[0] for r in rows]
@@ -114,9 +117,10 @@ class SqlScorer:
         s = self.scope
         rows = run_sql(
             s.conn,
-            "select doc_id, rel from agentdb_internal.tree_walk_own(%(source)s, %(keys)s, %(query)s,"
-            " %(embedding)s, %(scale)s, 'hybrid', %(filter)s, %(filter_query)s, %(exclusion_query)s,"
-            " %(row_filter)s, %(fields)s)",
+            "select doc_id, rel from agentdb_internal.tree_walk_own(source => %(source)s, keys => %(keys)s,"
+            " query => %(query)s, query_embedding => %(embedding)s, scale => %(scale)s, scoring => 'hybrid',"
+            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
+            " row_filter => %(row_filter)s, fields => %(fields)s)",
             {
                 "source": s.source,
                 "keys": list(keys),
