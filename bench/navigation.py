@@ -119,17 +119,19 @@ def _contextual_source(conn: Any) -> str:
     its section path ("The SQL Language > Data Definition > Schemas"), which starts every chunk's embedding
     input, and its text starts with that path too (so the first chunk's BM25 postings hold it). Built once
     into the cached database, with the demo's indexes."""
-    from agentdb.cli.demo import DEMO_FILE, DEMO_INDEXES
+    from agentdb.cli.demo import DEMO_INDEXES
     from agentdb.embed import load_embedder
     from agentdb.indexes import create_index
     from agentdb.ingest.pipeline import ingest
     from agentdb.ingest.readers import read_records
+    from agentdb.resources import DEMO, DEMO_CORPUS, resource_path
     from agentdb.sources import list_sources
 
     name = "pgdocs_ctx"
     if name in {s.name for s in list_sources(conn)}:
         return name
-    located = list(read_records(DEMO_FILE))
+    with resource_path(DEMO, DEMO_CORPUS) as corpus:
+        located = list(read_records(corpus))
     by_key = {row.record["_id"]: row.record for row in located}
 
     def section_path(key: str) -> str:

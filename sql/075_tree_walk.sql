@@ -167,20 +167,20 @@ declare
     answer jsonb;
 begin
     if max_depth is null or max_depth < 1 or max_depth > 20 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'max_depth must be between 1 and 20', 'max_depth');
+        perform agentdb.invalid_param('max_depth must be between 1 and 20', 'max_depth');
     end if;
     if beam_width is null or beam_width < 1 or beam_width > 20 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'beam_width must be between 1 and 20', 'beam_width');
+        perform agentdb.invalid_param('beam_width must be between 1 and 20', 'beam_width');
     end if;
     if max_nodes is null or max_nodes < 1 or max_nodes > 500 then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'max_nodes must be between 1 and 500', 'max_nodes');
+        perform agentdb.invalid_param('max_nodes must be between 1 and 500', 'max_nodes');
     end if;
     if start_key is not null and start_nodes is not null then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'start_nodes and start_key exclude each other',
+        perform agentdb.invalid_param('start_nodes and start_key exclude each other',
                                     'start_nodes');
     end if;
     if scoring is null or scoring not in ('hybrid', 'keywords') then
-        perform agentdb.raise_error(3007, 'InvalidParamValue', 'scoring must be hybrid or keywords', 'scoring');
+        perform agentdb.invalid_param('scoring must be hybrid or keywords', 'scoring');
     end if;
     mode := coalesce(mode, case when query_embedding is null then 'lexical' else 'hybrid' end);
 
