@@ -25,26 +25,9 @@ $$;
 -- One helper per code used often, so a call names the error once and cannot pair a code with the wrong
 -- name: 3007 for a parameter with an invalid value, 3010 for a named thing that does not exist, 8003 for
 -- stored content that does not fit the request (an embedding of another model or dimension).
-create or replace function agentdb.invalid_param(
-    message text, path text default null, hint text default null
-) returns void language plpgsql as $$
-begin
-    perform agentdb.raise_error(3007, 'InvalidParamValue', message, path, hint);
-end;
-$$;
-
-create or replace function agentdb.not_found(
-    message text, path text default null, hint text default null
-) returns void language plpgsql as $$
-begin
-    perform agentdb.raise_error(3010, 'StorageFileNotFound', message, path, hint);
-end;
-$$;
-
-create or replace function agentdb.content_mismatch(
-    message text, path text default null, hint text default null
-) returns void language plpgsql as $$
-begin
-    perform agentdb.raise_error(8003, 'StorageContentError', message, path, hint);
-end;
-$$;
+create or replace function agentdb.invalid_param(message text, path text default null, hint text default null)
+returns void language sql as $$ select agentdb.raise_error(3007, 'InvalidParamValue', message, path, hint) $$;
+create or replace function agentdb.not_found(message text, path text default null, hint text default null)
+returns void language sql as $$ select agentdb.raise_error(3010, 'StorageFileNotFound', message, path, hint) $$;
+create or replace function agentdb.content_mismatch(message text, path text default null, hint text default null)
+returns void language sql as $$ select agentdb.raise_error(8003, 'StorageContentError', message, path, hint) $$;

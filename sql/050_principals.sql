@@ -347,7 +347,7 @@ begin
         end if;
     end loop;
     execute format('drop policy if exists %I on agentdb.postings', obj);
-    if exists (select 1 from pg_extension where extname = 'citus') then
+    if agentdb_internal.on_citus() then
         -- On a Citus coordinator the postings are distributed and their policy can take no subquery: the role
         -- sees the postings of its sources only, and the lexical leg of a principal's read joins them to the
         -- rows the role can read (agentdb.retrieve), so no hit, score or count comes from another row.
@@ -390,7 +390,7 @@ begin
     -- it has no password, so a server that asks for one (every door but the cluster's trusted local
     -- sockets, or an authinfo entry in pg_dist_authinfo) still lets no one in as it.
     execute format('create role %I %s noinherit', p.role,
-                   case when exists (select 1 from pg_extension where extname = 'citus') then 'login' else 'nologin' end);
+                   case when agentdb_internal.on_citus() then 'login' else 'nologin' end);
     -- The application must be able to SET ROLE to it; a superuser always can. Membership without
     -- inheritance (PostgreSQL 16+) keeps the application's own privileges unchanged.
     if not (select rolsuper from pg_roles where rolname = current_user) then
@@ -438,7 +438,7 @@ begin
         -- On a Citus coordinator the policies of a distributed source call it on the shards, where a read of
         -- agentdb.principal_grants (a reference table, with a copy on that node) counts as a nested
         -- distributed query, which Citus refuses unless allowed.
-        case when exists (select 1 from pg_extension where extname = 'citus')
+        case when agentdb_internal.on_citus()
              then ' set citus.allow_nested_distributed_execution = on' else '' end,
         principal_id);
     execute format('comment on function agentdb.%I(int) is %L', fn,
@@ -562,7 +562,7 @@ begin
     end if;
     -- On a Citus coordinator: one connection per node for the rest of the transaction, since it drops
     -- policies of distributed tables and then functions (which Citus drops on every node over one connection).
-    if exists (select 1 from pg_extension where extname = 'citus') then
+    if agentdb_internal.on_citus() then
         perform set_config('citus.multi_shard_modify_mode', 'sequential', true);
     end if;
     for src in
@@ -656,16 +656,8 @@ begin
 end;
 $$;
 
--- Not on a Citus coordinator, whose catalog is reference tables, which cannot have triggers
--- (agentdb/db/distribute.py).
-do $$
-begin
-    if not exists (select 1 from pg_extension where extname = 'citus') then
-        create or replace trigger principals_release_source after delete on agentdb.sources
-        for each row execute function agentdb.principal_release_source();
-    end if;
-end;
-$$;
+select agentdb_internal.catalog_delete_trigger('principals_release_source', 'agentdb.sources',
+                                              'agentdb.principal_release_source()');
 
 -- Principals installed before the grants above (install_version < 2: table-wide SELECT on their sources, all
 -- postings of a source, the whole of agentdb.term_stats) are re-installed. migrate re-applies this file after

@@ -233,16 +233,8 @@ begin
 end;
 $$;
 
--- Not on a Citus coordinator, whose catalog is reference tables, which cannot have triggers
--- (agentdb/db/distribute.py).
-do $$
-begin
-    if not exists (select 1 from pg_extension where extname = 'citus') then
-        create or replace trigger memory_stores_dropped after delete on agentdb.memory_stores
-        for each row execute function agentdb_internal.memory_store_dropped();
-    end if;
-end;
-$$;
+select agentdb_internal.catalog_delete_trigger('memory_stores_dropped', 'agentdb.memory_stores',
+                                              'agentdb_internal.memory_store_dropped()');
 
 -- Drop store `name` of `owner` with everything in it; false when there is no such store.
 create or replace function agentdb.memory_drop_store(owner int, name text) returns boolean
