@@ -164,7 +164,11 @@ def cmd_check(args: argparse.Namespace) -> None:
     from agentdb.sources import rebuild_lexical
 
     with connect(args) as conn:
-        rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
+        rows = run_sql(
+            conn,
+            "select what, mismatches from agentdb.lexical_check(source_name => %(s)s)",
+            {"s": args.source},
+        )
         bad = {what: n for what, n in rows if n}
         if not bad:
             print(f"{args.source}: postings, term statistics and corpus statistics match the documents")
@@ -175,7 +179,11 @@ def cmd_check(args: argparse.Namespace) -> None:
                 "the lexical index does not match the documents", hint="run again with --repair"
             )
         rebuild_lexical(conn, args.source)
-        rows = run_sql(conn, "select what, mismatches from agentdb.lexical_check(%(s)s)", {"s": args.source})
+        rows = run_sql(
+            conn,
+            "select what, mismatches from agentdb.lexical_check(source_name => %(s)s)",
+            {"s": args.source},
+        )
         print("repaired" if not any(n for _, n in rows) else f"still mismatched: {rows}")
 
 

@@ -124,13 +124,16 @@ def write_lexical(
     postings and statistics for documents `doc_ids`, 'add' after their chunks are written, 'remove' before
     they are deleted, in the caller's transaction (agentdb_internal.lexical_write)."""
     if source.distributed and doc_ids:
-        conn.execute("select agentdb_internal.lexical_write(%s, %s, %s)", (source.id, op, doc_ids))
+        conn.execute(
+            "select agentdb_internal.lexical_write(source_id => %s, op => %s, doc_ids => %s)",
+            (source.id, op, doc_ids),
+        )
 
 
 def store_rows_inline(conn: psycopg.Connection[Any], source: Source) -> None:
     """Keep the vector and an ordinary chunk's text in the row, where the read path reads them
     (agentdb_internal.store_rows_inline says why and how)."""
-    conn.execute("select agentdb_internal.store_rows_inline(%s)", (source.id,))
+    conn.execute("select agentdb_internal.store_rows_inline(source_id => %s)", (source.id,))
 
 
 def create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:

@@ -33,7 +33,7 @@ def rebuild_lexical(conn: psycopg.Connection[Any], name: str) -> None:
     from agentdb.ingest.pipeline import analyze_source
 
     with conn.transaction():
-        run_sql(conn, "select agentdb.lexical_rebuild(%(s)s)", {"s": name})
+        run_sql(conn, "select agentdb.lexical_rebuild(source_name => %(s)s)", {"s": name})
     analyze_source(conn, get_source(conn, name))
 
 
@@ -61,7 +61,11 @@ def optimize_source(
     rebuilt = layout is not None and get_source(conn, name).lexical_layout != layout
     if layout is not None:
         with conn.transaction():
-            run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, %(l)s)", {"s": name, "l": layout})
+            run_sql(
+                conn,
+                "select agentdb.lexical_set_layout(source_name => %(s)s, layout => %(l)s)",
+                {"s": name, "l": layout},
+            )
     # The merge joins a source's blocks to its terms: with the statistics of before a bulk load (the source's
     # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds. A source
     # in rows has nothing to merge (and an unknown one is refused by lexical_optimize below).
@@ -75,7 +79,8 @@ def optimize_source(
     bounds: list[str] = []
     if vacuum and slices > 1 and blocks_source is not None:
         (bounds,) = conn.execute(
-            "select agentdb_internal.lexical_slice_bounds(%s, %s)", (blocks_source, slices)
+            "select agentdb_internal.lexical_slice_bounds(source_id => %s, slices => %s)",
+            (blocks_source, slices),
         ).fetchone() or ([],)
     edges: list[str | None] = [None, *bounds, None]
     ranges = list(zip(edges[:-1], edges[1:], strict=True))
@@ -84,7 +89,7 @@ def optimize_source(
         with own.transaction():
             ((b, a),) = run_sql(
                 own,
-                "select * from agentdb.lexical_optimize(%(s)s, %(lo)s, %(hi)s)",
+                "select * from agentdb.lexical_optimize(source_name => %(s)s, term_from => %(lo)s, term_to => %(hi)s)",
                 {"s": name, "lo": lo, "hi": hi},
             )
         if vacuum and b != a:

@@ -116,7 +116,7 @@ def register_table(
         )
         _add_agentdb_columns(conn, source)
         install_triggers(conn, source)
-        conn.execute("select agentdb.lexical_rebuild(%s)", (name,))
+        conn.execute("select agentdb.lexical_rebuild(source_name => %s)", (name,))
     return source
 
 

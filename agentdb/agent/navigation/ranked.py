@@ -79,10 +79,13 @@ def ranked_walk(
     try:
         rows = run_sql(
             conn,
-            "select agentdb_internal.tree_walk_run(%(source)s, %(index)s, %(query)s, %(embedding)s, %(seeds)s,"
-            " %(start_key)s, %(start_nodes)s, %(max_depth)s, %(beam_width)s, %(max_nodes)s, %(top_k)s,"
-            " %(mode)s, %(threshold)s, %(rrf_k)s, %(fusion)s, %(alpha)s, %(scoring)s, %(filter)s,"
-            " %(filter_query)s, %(exclusion_query)s, %(row_filter)s, %(fields)s, %(links_index)s, true)",
+            "select agentdb_internal.tree_walk_run(source => %(source)s, index => %(index)s, query => %(query)s,"
+            " query_embedding => %(embedding)s, seeds => %(seeds)s, start_key => %(start_key)s,"
+            " start_nodes => %(start_nodes)s, max_depth => %(max_depth)s, beam_width => %(beam_width)s,"
+            " max_nodes => %(max_nodes)s, top_k => %(top_k)s, mode => %(mode)s, threshold => %(threshold)s,"
+            " rrf_k => %(rrf_k)s, fusion => %(fusion)s, alpha => %(alpha)s, scoring => %(scoring)s,"
+            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
+            " row_filter => %(row_filter)s, fields => %(fields)s, links_index => %(links_index)s, progress => true)",
             {
                 "source": scope.source,
                 "index": options.index,
