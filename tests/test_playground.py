@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ from agentdb.api import create_app
 from agentdb.auth import create_principal
 from agentdb.config import Settings
 from agentdb.db.pool import configure
+
+
+def fixed(value: float, digits: int) -> str:
+    """`value` as the page shows it, JavaScript's Number.prototype.toFixed: the exact binary value rounded half
+    up (0.03125, a document fourth in both legs of RRF, is 0.0313 there, where Python's format gives 0.0312)."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
 
 SCRIPT_TITLE = '<img src="x" onerror="window.pwned = \'title\'">Restore <b>drill</b>'
 SCRIPT_TEXT = "<script>window.pwned = 'text'</script> Restore drill: replay archived WAL on a spare host."
@@ -208,14 +216,18 @@ def test_search_in_each_mode_shows_both_legs_and_the_funnel(page: Page) -> None:
         assert shown, mode
         for row, hit in zip(shown, answer["hits"], strict=True):
             scores = hit["_index_scores"]
-            assert row["score"] == f"{hit['_score']:.4f}"
+            assert row["score"] == fixed(hit["_score"], 4)
             assert row["title"] == hit["_source"]["title"]
             assert row["chunk"] == str(hit["_chunk"])
             dense = (
-                "-" if scores["rank_dense"] is None else f"#{scores['rank_dense']} {scores['distance']:.3f}"
+                "-"
+                if scores["rank_dense"] is None
+                else f"#{scores['rank_dense']} {fixed(scores['distance'], 3)}"
             )
             lexical = (
-                "-" if scores["rank_sparse"] is None else f"#{scores['rank_sparse']} {scores['bm25']:.2f}"
+                "-"
+                if scores["rank_sparse"] is None
+                else f"#{scores['rank_sparse']} {fixed(scores['bm25'], 2)}"
             )
             assert (row["dense"], row["lexical"]) == (dense, lexical), (mode, row)
         if mode == "dense":
@@ -301,7 +313,7 @@ def test_convex_fusion_with_alpha(page: Page) -> None:
     ).json()
     shown = page.hits()
     assert [(h["id"], h["score"]) for h in shown] == [
-        (h["_id"], f"{h['_score']:.4f}") for h in answer["hits"]
+        (h["_id"], fixed(h["_score"], 4)) for h in answer["hits"]
     ]
     assert "fusion convex" in page.find("#funnel").text
     page.shot("search-convex")
