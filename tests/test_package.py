@@ -79,3 +79,17 @@ def test_the_readme_layout_names_what_is_in_the_tree() -> None:
     rooms |= {"navigation/", "sql/", "migrations/", "ext/", "tests/", "bench/", "examples/", "docs/"}
     unnamed = sorted(room for room in rooms if room not in named)
     assert not unnamed, f"the README's Layout does not name: {unnamed}"
+
+
+def test_the_wheel_lists_every_python_package() -> None:
+    """pyproject.toml names the packages the wheel carries: every folder of agentdb/ and navigation/ with an
+    __init__.py is among them (a package split into a folder and not listed installs from a checkout only)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("agentdb", "navigation")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert on_disk - listed == set()
