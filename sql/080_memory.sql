@@ -10,6 +10,11 @@
 --   s<N>_relations  typed edges subject -predicate-> object with valid_from / invalid_from and the record that
 --                   asserted them; a single-valued predicate has at most one current relation per subject;
 --   s<N>_mentions   which records mention which entities.
+-- On a Citus coordinator the four tables are reference tables (a copy on every node, written on all of them in
+-- one two-phase commit): recall's walk and ranking are statements of laterals and limits over them that Citus
+-- runs whole on one node, and the records' postings are distributed with every other source's. A reference
+-- table cannot have triggers, so there the records' source is marked `distributed` and the memory writer keeps
+-- its postings and statistics (agentdb_internal.lexical_write), as the document writer does.
 -- Only the owner's role (a principal's) is granted these tables (agentdb_internal.memory_grant), so another
 -- principal's role cannot read, count or write them whatever a request asks; the owner's reads and writes run
 -- under its role. The application (owner null) reads and writes as itself.
@@ -98,6 +103,7 @@ declare
     rel text;
     men text;
     stmt text;
+    citus boolean := agentdb_internal.on_citus();
 begin
     if name is null or name !~ '^[a-z][a-z0-9_]{0,62}$' then
         perform agentdb.invalid_param(
@@ -113,15 +119,19 @@ begin
     if found then
         return sid;
     end if;
+    if citus then
+        -- One connection per node for the rest of the transaction: it writes reference tables, then makes more.
+        perform set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    end if;
     sid := nextval(pg_get_serial_sequence('agentdb.memory_stores', 'id'));
     rec := agentdb_internal.memory_table(sid, 'records');
     ent := agentdb_internal.memory_table(sid, 'entities');
     rel := agentdb_internal.memory_table(sid, 'relations');
     men := agentdb_internal.memory_table(sid, 'mentions');
     insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,
-                                 embedding_model, embedding_dim, ts_config)
+                                 embedding_model, embedding_dim, ts_config, distributed)
     values (format('agentdb_mem_%s', sid), 'documents', 'agentdb_memory', format('s%s_records', sid), 'doc_id',
-            array['title', 'text'], coalesce(fields, '[]'::jsonb), embedding_model, embedding_dim, ts_config)
+            array['title', 'text'], coalesce(fields, '[]'::jsonb), embedding_model, embedding_dim, ts_config, citus)
     returning id into src_id;
     insert into agentdb.corpus_stats (source_id) values (src_id);
     execute format($q$
@@ -147,7 +157,10 @@ begin
     execute format('create index %I on %s (last_accessed_at desc) where superseded_at is null', format('s%s_records_recent', sid), rec);
     execute format('create index %I on %s (importance desc, last_accessed_at desc) where superseded_at is null',
                    format('s%s_records_important', sid), rec);
-    foreach stmt in array array[
+    if citus then
+        perform create_reference_table(rec::regclass);
+    end if;
+    foreach stmt in array case when citus then '{}'::text[] else array[
         'create trigger agentdb_lex_insert after insert on %s referencing new table as new_rows'
         ' for each statement execute function agentdb.lexical_after_insert(%L)',
         'create trigger agentdb_lex_delete after delete on %s referencing old table as old_rows'
@@ -155,7 +168,7 @@ begin
         'create trigger agentdb_lex_update after update on %s referencing old table as old_rows new table as new_rows'
         ' for each statement execute function agentdb.lexical_after_update(%L)',
         'create trigger agentdb_lex_truncate after truncate on %s for each statement execute function agentdb.lexical_truncate(%L)'
-    ] loop
+    ] end loop
         execute format(stmt, rec, src_id::text);
     end loop;
     execute format($q$
@@ -172,22 +185,25 @@ begin
             created_at timestamptz not null default now()
         ) $q$, ent, embedding_dim);
     execute format('create index %I on %s using hnsw (embedding vector_cosine_ops)', format('s%s_entities_hnsw', sid), ent);
+    if citus then
+        perform create_reference_table(ent::regclass);
+    end if;
     execute format($q$
         create table %1$s (
             id bigint generated always as identity primary key,
-            subject bigint not null references %2$s (id) on delete cascade,
+            subject bigint not null,
             predicate text not null check (predicate ~ '^[A-Z][A-Z0-9_]{0,62}$'),
-            object bigint not null references %2$s (id) on delete cascade,
-            record_id text references %3$s (doc_id) on delete cascade,
+            object bigint not null,
+            record_id text,
             single_valued boolean not null default false,
             valid_from timestamptz not null default now(),
             invalid_from timestamptz,
             invalidated_by bigint,
             -- The embedding of the fact as a sentence ("Priya married to Rui"), which recall compares with the query.
-            embedding vector(%4$s),
+            embedding vector(%2$s),
             created_at timestamptz not null default now(),
             check (invalid_from is null or invalid_from >= valid_from)
-        ) $q$, rel, ent, rec, embedding_dim);
+        ) $q$, rel, embedding_dim);
     execute format('create index %I on %s (subject, predicate) include (object) where invalid_from is null',
                    format('s%s_relations_current', sid), rel);
     execute format('create unique index %I on %s (subject, predicate, object) where invalid_from is null',
@@ -199,11 +215,25 @@ begin
     execute format('create index %I on %s (record_id)', format('s%s_relations_record', sid), rel);
     execute format($q$
         create table %1$s (
-            entity_id bigint not null references %2$s (id) on delete cascade,
-            record_id text not null references %3$s (doc_id) on delete cascade,
+            entity_id bigint not null,
+            record_id text not null,
             primary key (entity_id, record_id)
-        ) $q$, men, ent, rec);
+        ) $q$, men);
     execute format('create index %I on %s (record_id)', format('s%s_mentions_record', sid), men);
+    -- The foreign keys once both ends are what they stay (Citus: a reference table references reference tables).
+    if citus then
+        perform create_reference_table(rel::regclass);
+        perform create_reference_table(men::regclass);
+    end if;
+    foreach stmt in array array[
+        format('alter table %s add foreign key (subject) references %s (id) on delete cascade', rel, ent),
+        format('alter table %s add foreign key (object) references %s (id) on delete cascade', rel, ent),
+        format('alter table %s add foreign key (record_id) references %s (doc_id) on delete cascade', rel, rec),
+        format('alter table %s add foreign key (entity_id) references %s (id) on delete cascade', men, ent),
+        format('alter table %s add foreign key (record_id) references %s (doc_id) on delete cascade', men, rec)
+    ] loop
+        execute stmt;  -- one constraint a statement (Citus takes no other subcommand with ADD CONSTRAINT)
+    end loop;
     -- The predicates computed first: on a Citus coordinator memory_stores is a reference table, and Citus
     -- refuses a subquery in an INSERT's values.
     single_valued := array(select distinct upper(p) from unnest(coalesce(single_valued, '{}')) p order by 1);
@@ -215,20 +245,32 @@ begin
 end;
 $$;
 
--- When a store's catalog row goes (agentdb.memory_drop_store, its owner deleted, its source dropped), its
--- tables and its source go with it.
-create or replace function agentdb_internal.memory_store_dropped() returns trigger
+-- The tables and the source of store `store_id` (records source `source_id`, owner `owner`), gone with its
+-- catalog row: by the row trigger below on one node, by agentdb.memory_drop_store and principal deletion on a
+-- Citus coordinator (whose catalog tables cannot have triggers; there the postings do not reference the
+-- catalog either, so they are deleted here).
+create or replace function agentdb_internal.memory_drop_tables(store_id int, source_id int, owner int) returns void
 language plpgsql as $$
 begin
     execute format('drop table if exists %s, %s, %s',
-                   agentdb_internal.memory_table(old.id, 'mentions'), agentdb_internal.memory_table(old.id, 'relations'),
-                   agentdb_internal.memory_table(old.id, 'entities'));
-    delete from agentdb.sources where id = old.source_id;
-    execute format('drop table if exists %s', agentdb_internal.memory_table(old.id, 'records'));
-    -- The owner's postings policy no longer names the store's table.
-    if exists (select 1 from agentdb.principals p join pg_roles r on r.rolname = p.role where p.id = old.owner) then
-        perform agentdb.principal_install_postings(old.owner);
+                   agentdb_internal.memory_table(store_id, 'mentions'), agentdb_internal.memory_table(store_id, 'relations'),
+                   agentdb_internal.memory_table(store_id, 'entities'));
+    if agentdb_internal.on_citus() then
+        delete from agentdb.postings p where p.source_id = memory_drop_tables.source_id;
     end if;
+    delete from agentdb.sources s where s.id = memory_drop_tables.source_id;
+    execute format('drop table if exists %s', agentdb_internal.memory_table(store_id, 'records'));
+    -- The owner's postings policy no longer names the store's table.
+    if exists (select 1 from agentdb.principals p join pg_roles r on r.rolname = p.role where p.id = owner) then
+        perform agentdb.principal_install_postings(owner);
+    end if;
+end;
+$$;
+
+create or replace function agentdb_internal.memory_store_dropped() returns trigger
+language plpgsql as $$
+begin
+    perform agentdb_internal.memory_drop_tables(old.id, old.source_id, old.owner);
     return null;
 end;
 $$;
@@ -239,10 +281,23 @@ select agentdb_internal.catalog_delete_trigger('memory_stores_dropped', 'agentdb
 -- Drop store `name` of `owner` with everything in it; false when there is no such store.
 create or replace function agentdb.memory_drop_store(owner int, name text) returns boolean
 language plpgsql as $$
+declare
+    gone agentdb.memory_stores;
 begin
+    if agentdb_internal.on_citus() then
+        -- One connection per node: it deletes catalog rows, then drops tables and deletes postings.
+        perform set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    end if;
     delete from agentdb.memory_stores m
-    where m.name = memory_drop_store.name and coalesce(m.owner, 0) = coalesce(memory_drop_store.owner, 0);
-    return found;
+    where m.name = memory_drop_store.name and coalesce(m.owner, 0) = coalesce(memory_drop_store.owner, 0)
+    returning * into gone;
+    if not found then
+        return false;
+    end if;
+    if agentdb_internal.on_citus() then
+        perform agentdb_internal.memory_drop_tables(gone.id, gone.source_id, gone.owner);
+    end if;
+    return true;
 end;
 $$;
 
@@ -289,9 +344,16 @@ $$;
 -- entities, relations, deletes) and every touch of last_accessed_at takes this lock before any other: the
 -- lexical triggers lock the store's corpus_stats row on any change of the records table, and a writer that
 -- updated records rows first and waited for that row second could deadlock with one that did the opposite.
+-- On a Citus coordinator the transaction also keeps one connection per node: the store's tables are reference
+-- tables with foreign keys, which Citus writes only so, and its postings are written first.
 create or replace function agentdb_internal.memory_lock(store_id int) returns void
-language sql as $$
-select pg_advisory_xact_lock(hashtextextended(format('agentdb.memory_write:%s', store_id), 0))
+language plpgsql as $$
+begin
+    perform pg_advisory_xact_lock(hashtextextended(format('agentdb.memory_write:%s', store_id), 0));
+    if agentdb_internal.on_citus() then
+        perform set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    end if;
+end;
 $$;
 
 -- Assert relation subject -predicate-> object (entity ids) in store `store_id`, valid from `valid_from`, asserted

@@ -6,11 +6,16 @@ the reason (conftest's `citus_cluster`)."""
 from __future__ import annotations
 
 import math
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +32,23 @@ from agentdb.auth import create_principal, delete_principal
 from agentdb.cli import main
 from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
-from agentdb.db.cluster import list_workers, stop_worker
+from agentdb.db.cluster import list_workers, start_workers, stop_worker
 from agentdb.db.distribute import CATALOG, SHARD_COUNT
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
-from agentdb.sources import create_document_source
+from agentdb.memory import (
+    StoreSpec,
+    delete_record,
+    drop_store,
+    get_store,
+    recall,
+    store_info,
+    write_records,
+    write_relations,
+)
+from agentdb.sources import FieldSpec, create_document_source
 
 
 def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -501,3 +516,289 @@ def test_workers_on_a_server_running_without_citus_are_refused_with_the_way_out(
     assert not list_workers(embedded_dir)  # no worker was made
     conf = (embedded_dir / "pg" / "postgresql.conf").read_text()
     assert "include_if_exists = 'agentdb-cluster.conf'" in conf  # Citus loads at its next start
+
+
+MEMORY_AS_OF = datetime(2025, 6, 1, 12, tzinfo=UTC)
+
+
+def _memories() -> list[dict[str, Any]]:
+    """Records with entities, relations (a single-valued one moved, so an earlier record is superseded) and
+    times relative to MEMORY_AS_OF."""
+
+    def ago(days: float) -> str:
+        return (MEMORY_AS_OF - timedelta(days=days)).isoformat()
+
+    facts = [
+        ("allergy", "Alex is allergic to shellfish.", 9, 60, [("Alex", "ALLERGIC_TO", "shellfish")], []),
+        ("employer", "Alex works at Acme Corp.", 7, 30, [("Alex", "WORKS_AT", "Acme Corp")], []),
+        ("acme", "Acme Corp is located in Portland.", 5, 30, [("Acme Corp", "LOCATED_IN", "Portland")], []),
+        ("home", "Alex lives in Portland near the river.", 6, 40, [("Alex", "LIVES_IN", "Portland")], []),
+        ("moved", "Alex moved to Seattle last month.", 8, 20, [("Alex", "LIVES_IN", "Seattle")], []),
+        ("denver", "Alex passed through Denver once on a road trip.", 3, 10, [], ["Alex", "Denver"]),
+        ("jazz", "Alex enjoys jazz on weekends with Priya.", 4, 5, [], ["Alex", "Priya"]),
+        ("priya", "Priya teaches marine biology in Seattle.", 6, 12, [("Priya", "WORKS_IN", "Seattle")], []),
+        ("coffee", "Alex had an oat-milk latte this morning.", 1, 0.1, [], ["Alex"]),
+        ("shellfish", "Shellfish include shrimp, crab and lobster.", 2, 50, [], ["shellfish"]),
+    ]
+    return [
+        {
+            "id": key,
+            "text": text,
+            "importance": importance,
+            "created_at": ago(days),
+            "metadata": {"topic": "health" if key in ("allergy", "shellfish") else "life"},
+            "relations": [{"subject": s, "predicate": p, "object": o} for s, p, o in relations],
+            "entities": entities,
+        }
+        for key, text, importance, days, relations, entities in facts
+    ]
+
+
+def _close(got: Any, want: Any, path: str = "") -> None:
+    """`got` equals `want`, floats within 1e-9."""
+    if isinstance(want, float) and isinstance(got, float):
+        assert abs(got - want) <= 1e-9, path
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for key in want:
+            _close(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _close(g, w, f"{path}[{i}]")
+    else:
+        assert got == want, path
+
+
+def _memory_answers(url: str, embedder: Any) -> list[Any]:
+    """Write the memories (records, then relations and a deletion), recall in both rankings with and without
+    a query vector and with a filter, touch once, and search the records' source; every answer as data."""
+    answers: list[Any] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        spec = StoreSpec(fields=[FieldSpec(name="topic", type="string")], single_valued=["LIVES_IN"])
+        report = write_records(conn, "alex", _memories(), embedder=embedder, spec=spec)
+        answers.append(report.model_dump())
+        answers.append(
+            [
+                r.model_dump()
+                for r in write_relations(
+                    conn,
+                    "alex",
+                    [
+                        {
+                            "subject": "Priya",
+                            "predicate": "FRIEND_OF",
+                            "object": "Alex",
+                            "record_id": "jazz",
+                            "valid_from": (MEMORY_AS_OF - timedelta(days=1)).isoformat(),
+                        }
+                    ],
+                    embedder=embedder,
+                )
+            ]
+        )
+        delete_record(conn, "alex", "coffee")
+        for query, options in (
+            ("what am I allergic to?", {}),
+            ("where does Alex live?", {"ranking": "generative_agents"}),
+            ("what does Priya do?", {"hops": 2}),
+            ("Acme Corp office", {"filter": {"topic": "life"}}),
+            ("anything", {"include_history": True}),
+        ):
+            for vector in (embedder, None):
+                result = recall(
+                    conn, "alex", query, embedder=vector, as_of=MEMORY_AS_OF, touch=False, **options
+                )
+                answers.append(result.model_dump())
+        touched = recall(conn, "alex", "shellfish allergy", embedder=embedder, as_of=MEMORY_AS_OF, top_k=3)
+        answers.append(touched.model_dump())
+        answers.append(
+            recall(
+                conn, "alex", "shellfish allergy", embedder=embedder, as_of=MEMORY_AS_OF, touch=False
+            ).model_dump()
+        )
+        store = get_store(conn, "alex")
+        answers.append(store_info(conn, store).model_dump(exclude={"created_at"}))
+        answers.append(
+            conn.execute("select * from agentdb.lexical_check(%s)", (store.source.name,)).fetchall()
+        )
+        answers.append(
+            conn.execute(
+                "select term, df from agentdb.term_stats where source_id = %s order by term",
+                (store.source.id,),
+            ).fetchall()
+        )
+        vector = str(embedder.embed(["where does Alex live"])[0].tolist())
+        for mode in ("lexical", "dense", "hybrid"):
+            answers.append(
+                conn.execute(
+                    "select id, rank, score, distance, bm25_score from agentdb.search(%s, %s,"
+                    " query_embedding => %s::vector, mode => %s, top_k => 5, threshold => 0)",
+                    (store.source.name, "Alex lives Portland Seattle", vector, mode),
+                ).fetchall()
+            )
+    return answers
+
+
+def test_memory_on_the_cluster_answers_as_one_node(citus_cluster: Path, db_url: str, embedder: Any) -> None:
+    """A memory store on the coordinator: its four tables reference tables, its records' postings distributed
+    with the other sources' (kept by the memory writer in the writing transaction); writes (records with
+    entities and relations, a single-valued predicate superseding a record, relations alone, a deletion),
+    recall (both rankings, with and without a query vector, a filter, two hops, history, a touch) and
+    search on its records give one node's answers, scores within 1e-9. Dropping it removes its tables on every
+    node and its postings."""
+    coordinator = _coordinator_url(citus_cluster)
+    cluster, one_node = _memory_answers(coordinator, embedder), _memory_answers(db_url, embedder)
+    assert cluster[2]["candidates"] and cluster[-4] and all(cluster[-3:])  # found something; term statistics
+    assert all(mismatches == 0 for _, mismatches in cluster[-5])  # lexical_check
+    _close(cluster, one_node)
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        configure(conn)
+        store = get_store(conn, "alex")
+        tables = [
+            f"agentdb_memory.s{store.id}_{what}" for what in ("records", "entities", "relations", "mentions")
+        ]
+        kinds = conn.execute(
+            "select logicalrelid::regclass::text, partmethod from pg_dist_partition"
+            " where logicalrelid::regclass::text = any(%s) order by 1",
+            (tables,),
+        ).fetchall()
+        assert kinds == sorted((t, "n") for t in tables)  # reference tables
+        assert conn.execute(
+            "select count(*) > 0 from agentdb.postings where source_id = %s", (store.source.id,)
+        ).fetchone() == (True,)
+        drop_store(conn, "alex")
+        assert conn.execute(
+            "select count(*) from agentdb.postings where source_id = %s", (store.source.id,)
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "select count(*) from agentdb.sources where id = %s", (store.source.id,)
+        ).fetchone() == (0,)
+    for url in _node_urls(citus_cluster):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("set citus.override_table_visibility = off")  # a worker's shards too
+            assert conn.execute(
+                "select count(*) from pg_tables where schemaname = 'agentdb_memory'"
+            ).fetchone() == (0,)
+
+
+def _placements(url: str, table: str) -> dict[str, int]:
+    """How many shards of `table` each node holds, by node port."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "select n.nodeport, count(*) from pg_dist_shard s join pg_dist_placement p using (shardid)"
+            " join pg_dist_node n using (groupid) where s.logicalrelid = %s::regclass group by 1",
+            (table,),
+        ).fetchall()
+    return {str(port): int(count) for port, count in rows}
+
+
+def _rebalance(conn: psycopg.Connection[Any]) -> None:
+    """Citus's background rebalance, waited for. Shards move with `block_writes` (copied while writes to them
+    wait): the postings have no replica identity for a logical-replication move."""
+    conn.execute("select citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+    conn.execute("select citus_rebalance_wait()")
+
+
+def test_a_worker_added_and_shards_rebalanced_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third worker registered (`citus_add_node`) and the shards rebalanced onto it (`citus_rebalance_start`):
+    the new worker holds shards of the source and of its postings, and search in every mode gives one node's
+    answers, as before the move; afterwards the worker is drained, removed and stopped."""
+    corpus = tmp_path / "moved.jsonl"
+    vectors = _random_corpus(corpus, seed=31, count=60)
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "moved", str(corpus)]) == 0
+    queries = [
+        ("alpha beta", vectors[0], None),
+        ("gamma delta", vectors[1], {"team": {"$eq": "t2"}}),
+        ("rho pi omicron xi", vectors[2], None),
+    ]
+    one_node = _answers(db_url, queries, source="moved")
+    before = _answers(coordinator, queries, source="moved")
+    _same_hits(before, one_node)
+    third = start_workers(citus_cluster, 3)[2]
+    try:
+        with psycopg.connect(coordinator, autocommit=True) as conn:
+            _rebalance(conn)
+        for table in ("agentdb_docs.moved", "agentdb.postings"):
+            placed = _placements(coordinator, table)
+            assert placed.get(str(third.port), 0) > 0 and sum(placed.values()) == SHARD_COUNT, (table, placed)
+        _same_hits(_answers(coordinator, queries, source="moved"), one_node)
+    finally:
+        with psycopg.connect(coordinator, autocommit=True) as conn:
+            conn.execute(
+                "select citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')",
+                (third.host, third.port),
+            )
+            conn.execute("select citus_remove_node(%s, %s)", (third.host, third.port))
+            _rebalance(conn)  # the two workers evenly again, as the other tests expect
+        stop_worker(third)
+        shutil.rmtree(third.pgdata.parent)
+    assert sorted(_placements(coordinator, "agentdb.postings").values()) == [SHARD_COUNT // 2] * 2
+    _same_hits(_answers(coordinator, queries, source="moved"), one_node)
+
+
+def test_a_coordinator_killed_mid_ingest_leaves_whole_batches_and_a_clean_index(
+    citus_cluster: Path, tmp_path: Path
+) -> None:
+    """`kill -9` of the coordinator's postmaster while `agentdb ingest` writes a source (one transaction per
+    batch of 64 documents, each committed on every node it wrote with a two-phase commit): after `agentdb start
+    --workers 2` (which settles what the crash left prepared on the workers) the source holds the first whole
+    batches of the file and nothing else, no transaction is left prepared on any node, and `agentdb check`
+    finds the postings and statistics equal to the rows."""
+    corpus = tmp_path / "killed.jsonl"
+    count = 1600
+    _random_corpus(corpus, seed=41, count=count)
+    url = _coordinator_url(citus_cluster)
+    agentdb = str(Path(sys.executable).with_name("agentdb"))
+    env = {**os.environ, "DATABASE_URL": url}
+    ingest = subprocess.Popen(
+        [agentdb, "ingest", "killed", str(corpus), "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while True:  # until the first batch is committed (the source and its table exist)
+                assert ingest.poll() is None, ingest.communicate()
+                made = conn.execute("select to_regclass('agentdb_docs.killed') is not null").fetchone()
+                if made == (True,) and conn.execute(
+                    "select exists (select 1 from agentdb_docs.killed)"
+                ).fetchone() == (True,):
+                    break
+                time.sleep(0.05)
+        postmaster = read_postmaster(citus_cluster / "pg")
+        assert postmaster is not None and postmaster.running
+        os.kill(postmaster.pid, signal.SIGKILL)
+        _, err = ingest.communicate(timeout=120)
+        assert ingest.returncode != 0, err  # it was cut off mid-ingest
+    finally:
+        if ingest.poll() is None:
+            ingest.kill()
+        _start_again(citus_cluster)
+    ids = [f"d{i}" for i in range(count)]
+    with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        stored = {r[0] for r in conn.execute("select distinct doc_id from agentdb_docs.killed")}
+        chunks = conn.execute("select count(*) from agentdb_docs.killed").fetchone()
+    batches = len(stored) // 64
+    assert 0 < len(stored) <= count and stored == set(ids[: batches * 64])
+    assert chunks == (len(stored),)  # one chunk per document: none half-written
+    for node in _node_urls(citus_cluster):
+        with psycopg.connect(node, autocommit=True) as conn:
+            assert conn.execute("select count(*) from pg_prepared_xacts").fetchone() == (0,), node
+    check = subprocess.run(
+        [agentdb, "check", "killed"],
+        env=env | {"DATABASE_URL": _coordinator_url(citus_cluster)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert check.returncode == 0 and "match the documents" in check.stdout, check.stdout + check.stderr

@@ -114,13 +114,29 @@ def start_workers(data_dir: Path, count: int) -> list[Worker]:
     with psycopg.connect(coordinator.url(DATABASE_NAME), autocommit=True) as conn:
         _create_extensions(conn)
         host = coordinator.socket_dir or coordinator.host or "localhost"
+        _set_local_hostname(conn, host)
         conn.execute("select citus_set_coordinator_host(%s, %s)", (host, coordinator.port or 5432))
         known = {(str(r[0]), int(r[1])) for r in conn.execute("select nodename, nodeport from pg_dist_node")}
         for worker in workers:
             if (worker.host, worker.port) not in known:
                 conn.execute("select citus_add_node(%s, %s)", (worker.host, worker.port))
                 log.info("registered %s (%s:%s) with the coordinator", worker.name, worker.host, worker.port)
+        # Transactions a crashed coordinator left prepared on the workers are settled now (committed where the
+        # coordinator's commit record says so, else rolled back), not at Citus's next periodic recovery: until
+        # then their rows are invisible and their locks held.
+        settled = conn.execute("select recover_prepared_transactions()").fetchone()
+        if settled and settled[0]:
+            log.info("settled %s transactions left prepared on the workers", settled[0])
     return workers
+
+
+def _set_local_hostname(conn: psycopg.Connection[Any], host: str) -> None:
+    """How the node reaches itself (`citus.local_hostname`, else localhost over TCP, where no node listens):
+    Citus's background tasks, the rebalancer's shard moves among them, connect to their own node so."""
+    row = conn.execute("select current_setting('citus.local_hostname')").fetchone()
+    if row is None or row[0] != host:
+        conn.execute(sql.SQL("alter system set citus.local_hostname = {}").format(sql.Literal(host)))
+        conn.execute("select pg_reload_conf()")
 
 
 def _create_extensions(conn: psycopg.Connection[Any]) -> None:
@@ -145,6 +161,7 @@ def _start_worker(data_dir: Path, number: int) -> Worker:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(DATABASE_NAME)))
     with psycopg.connect(worker.url(), autocommit=True) as conn:
         _create_extensions(conn)
+        _set_local_hostname(conn, worker.host)
     return worker
 
 

@@ -47,7 +47,7 @@ from agentdb.memory.store import (
     get_store,
     lock,
 )
-from agentdb.sources import FieldSpec, coerce_value
+from agentdb.sources import FieldSpec, coerce_value, write_lexical
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +330,9 @@ def write_records(
                 _assert(conn, target, entity_ids, keys, rel, ids[i], valid_from, fact_vectors.get(_fact(rel)))
                 for valid_from, i, rel in asserted
             ]
+        # On a Citus coordinator the records' postings and statistics (as the application: the owner's role
+        # has no write on them); elsewhere the records table's triggers did it.
+        write_lexical(conn, target.source, "add", ids)
     log.info(
         "memory write: store=%s records=%d entities_created=%d relations=%d",
         name,
@@ -580,12 +583,14 @@ def delete_record(
     allowed(principal)
     name = resolve_store_name(store, variables)
     target = get_store(conn, name, principal=principal)
-    with conn.transaction(), read_scope(conn, principal):
+    with conn.transaction():
         lock(conn, target)
-        gone = conn.execute(
-            sql.SQL("delete from {} where doc_id = %s returning doc_id").format(target.table("records")),
-            (record_id,),
-        ).fetchall()
+        write_lexical(conn, target.source, "remove", [record_id])  # on a Citus coordinator (write_records)
+        with read_scope(conn, principal):
+            gone = conn.execute(
+                sql.SQL("delete from {} where doc_id = %s returning doc_id").format(target.table("records")),
+                (record_id,),
+            ).fetchall()
     if not gone:
         raise StorageFileNotFound(f"memory store {name!r} has no record {record_id!r}", path="id")
 
