@@ -622,10 +622,6 @@ begin
         return;
     end if;
     perform agentdb.principal_revoke(principal_id);
-    -- Its memory stores go with it: on one node by their catalog rows' trigger, on a Citus coordinator here.
-    if agentdb_internal.on_citus() then
-        perform agentdb.memory_drop_store(principal_id, m.name) from agentdb.memory_stores m where m.owner = principal_id;
-    end if;
     if not exists (select 1 from pg_roles where rolname = p.role) then
         return;
     end if;

@@ -246,9 +246,9 @@ end;
 $$;
 
 -- The tables and the source of store `store_id` (records source `source_id`, owner `owner`), gone with its
--- catalog row: by the row trigger below on one node, by agentdb.memory_drop_store and principal deletion on a
--- Citus coordinator (whose catalog tables cannot have triggers; there the postings do not reference the
--- catalog either, so they are deleted here).
+-- catalog row: by the row trigger below on one node, by agentdb.memory_drop_store on a Citus coordinator
+-- (whose catalog tables cannot have triggers; there the postings do not reference the catalog either, so
+-- they are deleted here). A principal's records are not written there (agentdb/memory/write.py).
 create or replace function agentdb_internal.memory_drop_tables(store_id int, source_id int, owner int) returns void
 language plpgsql as $$
 begin

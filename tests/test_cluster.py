@@ -648,7 +648,7 @@ def test_memory_on_the_cluster_answers_as_one_node(citus_cluster: Path, db_url: 
     entities and relations, a single-valued predicate superseding a record, relations alone, a deletion),
     recall (both rankings, with and without a query vector, a filter, two hops, history, a touch) and
     search on its records give one node's answers, scores within 1e-9. Dropping it removes its tables on every
-    node and its postings."""
+    node and its postings. A principal's records are refused there with 3007, nothing made."""
     coordinator = _coordinator_url(citus_cluster)
     cluster, one_node = _memory_answers(coordinator, embedder), _memory_answers(db_url, embedder)
     assert cluster[2]["candidates"] and cluster[-4] and all(cluster[-3:])  # found something; term statistics
@@ -676,6 +676,16 @@ def test_memory_on_the_cluster_answers_as_one_node(citus_cluster: Path, db_url: 
         assert conn.execute(
             "select count(*) from agentdb.sources where id = %s", (store.source.id,)
         ).fetchone() == (0,)
+        # A principal's records are refused, before anything is made (Citus refuses a transaction that
+        # writes the records under its role and their postings as the application).
+        owner, _ = create_principal(conn, "remembers", tables=[], tools=["memory"])
+        try:
+            with pytest.raises(InvalidParamValue, match="principal's memory records") as refused:
+                write_records(conn, "mine", _memories()[:1], embedder=embedder, principal=owner)
+            assert refused.value.path == "store"
+            assert conn.execute("select count(*) from agentdb.memory_stores").fetchone() == (0,)
+        finally:
+            delete_principal(conn, "remembers")
     for url in _node_urls(citus_cluster):
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("set citus.override_table_visibility = off")  # a worker's shards too

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from agentdb.auth import Principal, read_scope
 from agentdb.config import DEFAULT_MODEL
 from agentdb.db import run_sql
+from agentdb.db.distribute import on_citus
 from agentdb.embed import Embedder, check_vector
 from agentdb.errors import Conflict, InvalidParamValue, StorageContentError, StorageFileNotFound
 from agentdb.llm import Model
@@ -268,6 +269,7 @@ def write_records(
     Only when asked, a `model` scores the importance of records whose writer gave none (`score_importance`)
     and finds the entities and relations of each record (`extract_graph`), before anything is written."""
     allowed(principal)
+    _refuse_on_citus(conn, principal)
     name = resolve_store_name(store, variables)
     parsed = parse_items(RecordIn, records, "records")
     if not parsed:
@@ -330,8 +332,8 @@ def write_records(
                 _assert(conn, target, entity_ids, keys, rel, ids[i], valid_from, fact_vectors.get(_fact(rel)))
                 for valid_from, i, rel in asserted
             ]
-        # On a Citus coordinator the records' postings and statistics (as the application: the owner's role
-        # has no write on them); elsewhere the records table's triggers did it.
+        # On a Citus coordinator the records' postings and statistics, as the application (who wrote the
+        # records there: _refuse_on_citus); elsewhere the records table's triggers did it.
         write_lexical(conn, target.source, "add", ids)
     log.info(
         "memory write: store=%s records=%d entities_created=%d relations=%d",
@@ -347,6 +349,18 @@ def write_records(
         entities_created=created_names,
         relations=results,
     )
+
+
+def _refuse_on_citus(conn: psycopg.Connection[Any], principal: Principal | None) -> None:
+    """3007 for a principal's record write or deletion on a Citus coordinator, before anything is written:
+    the records go in under the principal's role and their postings as the application, and Citus refuses
+    a transaction that touches a placement it modified as another role."""
+    if principal is not None and on_citus(conn):
+        raise InvalidParamValue(
+            "a principal's memory records cannot be written on a Citus coordinator yet",
+            path="store",
+            hint="write them with the application's access (no principal), or on a single-node database",
+        )
 
 
 def _check_unique_ids(parsed: Sequence[RecordIn]) -> None:
@@ -581,6 +595,7 @@ def delete_record(
     """Delete record `record_id` with its mentions and the relations it asserted (relations it had closed stay
     in history); its postings go in the same transaction. 3010 when there is no such record."""
     allowed(principal)
+    _refuse_on_citus(conn, principal)
     name = resolve_store_name(store, variables)
     target = get_store(conn, name, principal=principal)
     with conn.transaction():
