@@ -14,7 +14,7 @@ import csv
 import gzip
 import io
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +33,7 @@ from agentdb.errors import (
     StorageContentError,
     StorageFileNotFound,
 )
+from agentdb.filters import UNFILTERED, ReadScope
 from agentdb.sources import Source
 
 INDEX_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -372,18 +373,14 @@ def neighbors(
     direction: Direction = "out",
     edge_types: Sequence[str] | None = None,
     max: int = 8,  # noqa: A002 - the SQL door's name
-    filter: Mapping[str, Any] | None = None,  # noqa: A002
-    filter_query: Mapping[str, Any] | None = None,
-    exclusion_query: Mapping[str, Any] | None = None,
-    row_filter: Mapping[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
 ) -> list[Neighbor]:
     """The neighbours of `key` that the connection's role may read (agentdb.neighbors): run it inside
     `agentdb.auth.read_scope` for a principal. Ordered by weight, then key and edge type."""
     rows = run_sql(
         conn,
         "select key, edge_type, weight from agentdb.neighbors(source => %(s)s, index => %(i)s,"
-        " node => %(k)s, direction => %(d)s, edge_types => %(t)s, max => %(m)s, filter => %(f)s,"
-        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
+        " node => %(k)s, direction => %(d)s, edge_types => %(t)s, max => %(m)s, scope => %(scope)s)",
         {
             "s": source,
             "i": index,
@@ -391,10 +388,7 @@ def neighbors(
             "d": direction,
             "t": None if edge_types is None else list(edge_types),
             "m": max,
-            "f": _json(filter),
-            "fq": _json(filter_query),
-            "eq": _json(exclusion_query),
-            "rf": _json(row_filter),
+            "scope": scope.value(),
         },
     )
     return [Neighbor(key=r[0], edge_type=r[1], weight=float(r[2])) for r in rows]
@@ -406,32 +400,21 @@ def roots(
     index: str,
     *,
     max: int | None = None,  # noqa: A002 - the SQL door's name
-    filter: Mapping[str, Any] | None = None,  # noqa: A002
-    filter_query: Mapping[str, Any] | None = None,
-    exclusion_query: Mapping[str, Any] | None = None,
-    row_filter: Mapping[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
 ) -> list[str]:
     """The roots of an index (documents no other document points to) that the connection's role may read
     (agentdb.index_roots), by key."""
     rows = run_sql(
         conn,
-        "select key from agentdb.index_roots(source => %(s)s, index => %(i)s, max => %(m)s, filter => %(f)s,"
-        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
+        "select key from agentdb.index_roots(source => %(s)s, index => %(i)s, max => %(m)s, scope => %(scope)s)",
         {
             "s": source,
             "i": index,
             "m": max,
-            "f": _json(filter),
-            "fq": _json(filter_query),
-            "eq": _json(exclusion_query),
-            "rf": _json(row_filter),
+            "scope": scope.value(),
         },
     )
     return [r[0] for r in rows]
-
-
-def _json(value: Mapping[str, Any] | None) -> Jsonb | None:
-    return None if value is None else Jsonb(dict(value))
 
 
 __all__ = [

@@ -19,7 +19,7 @@ from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
-from agentdb.filters import compile_filter
+from agentdb.filters import ReadScope, compile_filter
 from agentdb.ingest.pipeline import Document, IngestReport, ingest
 from agentdb.ingest.readers import Located
 from agentdb.scoped_reader import read
@@ -223,7 +223,8 @@ def get_document(
         fields = check_fields(caller, None, path="fields")
     get_source(conn, name)
     with read_scope(conn, caller):
-        rows = read(conn, name, [doc_id], row_filter=caller.row_filter if caller else None, fields=fields)
+        scope = ReadScope(row_filter=caller.row_filter if caller else None)
+        rows = read(conn, name, [doc_id], scope=scope, fields=fields)
     if not rows:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
     return DocumentOut(
