@@ -34,6 +34,7 @@ from agentdb.errors import (
     StorageFileNotFound,
 )
 from agentdb.filters import UNFILTERED, ReadScope
+from agentdb.ingest.readers import json_objects
 from agentdb.sources import Source
 
 INDEX_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -237,20 +238,11 @@ def _open(path: Path) -> io.TextIOBase:
 
 
 def _read_jsonl(path: Path) -> Iterator[EdgeRecord]:
+    def at(number: int) -> str:
+        return f"{path.name}:{number}"
+
     with _open(path) as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                edge = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidParamValue(
-                    f"{path.name}:{number}: invalid JSON: {exc}", path=f"{path.name}:{number}"
-                ) from None
-            if not isinstance(edge, dict):
-                raise InvalidParamValue(
-                    f"{path.name}:{number}: an edge must be a JSON object", path=f"{path.name}:{number}"
-                )
+        for number, edge in json_objects(handle, "an edge", at, at):
             yield EdgeRecord(path.name, number, edge)
 
 
