@@ -6,6 +6,8 @@ API and the HTTP API accept exactly the same filters and report the same errors.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
@@ -97,6 +99,32 @@ def to_json(value: Any, path_prefix: str) -> str:
         raise InvalidParamValue(
             f"filter.bad_operand: at $: not serialisable as JSON: {exc}", path=path_prefix or "$"
         ) from None
+
+
+@dataclass(frozen=True)
+class ReadScope:
+    """Which rows a read may see: the query filters and the caller's row filter, which agentdb's SQL functions
+    take as one `scope` value (sql/035_scope.sql)."""
+
+    filter: Any = None
+    filter_query: Any = None
+    exclusion_query: Any = None
+    row_filter: Any = None
+
+    def value(self) -> Jsonb | None:
+        """The `scope` parameter: the filters that are given, each under its name; None when none is. A filter
+        JSON cannot carry (an integer beyond 64 bits) is 3007 at its path, as the SQL compiler reports others."""
+        given = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                given[f.name] = dict(value) if isinstance(value, Mapping) else value
+                to_json(given[f.name], f.name)
+        return Jsonb(given) if given else None
+
+
+# A read under no filter (row security through the caller's role still applies).
+UNFILTERED = ReadScope()
 
 
 def compile_filter(

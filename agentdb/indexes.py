@@ -14,7 +14,7 @@ import csv
 import gzip
 import io
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +33,8 @@ from agentdb.errors import (
     StorageContentError,
     StorageFileNotFound,
 )
+from agentdb.filters import UNFILTERED, ReadScope
+from agentdb.ingest.readers import json_objects
 from agentdb.sources import Source
 
 INDEX_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -236,20 +238,11 @@ def _open(path: Path) -> io.TextIOBase:
 
 
 def _read_jsonl(path: Path) -> Iterator[EdgeRecord]:
+    def at(number: int) -> str:
+        return f"{path.name}:{number}"
+
     with _open(path) as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                edge = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidParamValue(
-                    f"{path.name}:{number}: invalid JSON: {exc}", path=f"{path.name}:{number}"
-                ) from None
-            if not isinstance(edge, dict):
-                raise InvalidParamValue(
-                    f"{path.name}:{number}: an edge must be a JSON object", path=f"{path.name}:{number}"
-                )
+        for number, edge in json_objects(handle, "an edge", at, at):
             yield EdgeRecord(path.name, number, edge)
 
 
@@ -372,18 +365,14 @@ def neighbors(
     direction: Direction = "out",
     edge_types: Sequence[str] | None = None,
     max: int = 8,  # noqa: A002 - the SQL door's name
-    filter: Mapping[str, Any] | None = None,  # noqa: A002
-    filter_query: Mapping[str, Any] | None = None,
-    exclusion_query: Mapping[str, Any] | None = None,
-    row_filter: Mapping[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
 ) -> list[Neighbor]:
     """The neighbours of `key` that the connection's role may read (agentdb.neighbors): run it inside
     `agentdb.auth.read_scope` for a principal. Ordered by weight, then key and edge type."""
     rows = run_sql(
         conn,
         "select key, edge_type, weight from agentdb.neighbors(source => %(s)s, index => %(i)s,"
-        " node => %(k)s, direction => %(d)s, edge_types => %(t)s, max => %(m)s, filter => %(f)s,"
-        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
+        " node => %(k)s, direction => %(d)s, edge_types => %(t)s, max => %(m)s, scope => %(scope)s)",
         {
             "s": source,
             "i": index,
@@ -391,10 +380,7 @@ def neighbors(
             "d": direction,
             "t": None if edge_types is None else list(edge_types),
             "m": max,
-            "f": _json(filter),
-            "fq": _json(filter_query),
-            "eq": _json(exclusion_query),
-            "rf": _json(row_filter),
+            "scope": scope.value(),
         },
     )
     return [Neighbor(key=r[0], edge_type=r[1], weight=float(r[2])) for r in rows]
@@ -406,32 +392,21 @@ def roots(
     index: str,
     *,
     max: int | None = None,  # noqa: A002 - the SQL door's name
-    filter: Mapping[str, Any] | None = None,  # noqa: A002
-    filter_query: Mapping[str, Any] | None = None,
-    exclusion_query: Mapping[str, Any] | None = None,
-    row_filter: Mapping[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
 ) -> list[str]:
     """The roots of an index (documents no other document points to) that the connection's role may read
     (agentdb.index_roots), by key."""
     rows = run_sql(
         conn,
-        "select key from agentdb.index_roots(source => %(s)s, index => %(i)s, max => %(m)s, filter => %(f)s,"
-        " filter_query => %(fq)s, exclusion_query => %(eq)s, row_filter => %(rf)s)",
+        "select key from agentdb.index_roots(source => %(s)s, index => %(i)s, max => %(m)s, scope => %(scope)s)",
         {
             "s": source,
             "i": index,
             "m": max,
-            "f": _json(filter),
-            "fq": _json(filter_query),
-            "eq": _json(exclusion_query),
-            "rf": _json(row_filter),
+            "scope": scope.value(),
         },
     )
     return [r[0] for r in rows]
-
-
-def _json(value: Mapping[str, Any] | None) -> Jsonb | None:
-    return None if value is None else Jsonb(dict(value))
 
 
 __all__ = [

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from agentdb.db import run_sql
+from agentdb.filters import UNFILTERED, ReadScope
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +30,6 @@ class Row:
     metadata: dict[str, Any]
 
 
-def _json(value: dict[str, Any] | None) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
-
-
 def read(
     conn: psycopg.Connection[Any],
     source: str,
@@ -41,31 +37,24 @@ def read(
     *,
     chunk_from: Sequence[int | None] | None = None,
     chunk_to: Sequence[int | None] | None = None,
-    filter: dict[str, Any] | None = None,
-    filter_query: dict[str, Any] | None = None,
-    exclusion_query: dict[str, Any] | None = None,
-    row_filter: dict[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
     fields: list[str] | None = None,
 ) -> list[Row]:
-    """The visible chunks of documents `keys` of `source` (positions chunk_from[i]..chunk_to[i] of keys[i]
-    when given), ordered by key then chunk; keys that are missing or hidden return nothing."""
+    """The visible chunks of documents `keys` of `source` under `scope` (positions chunk_from[i]..chunk_to[i]
+    of keys[i] when given), ordered by key then chunk; keys that are missing or hidden return nothing."""
     if not keys:
         return []
     rows = run_sql(
         conn,
         "select ord, doc_id, chunk, title, text, metadata from agentdb.read(source => %(source)s,"
-        " keys => %(keys)s, chunk_from => %(chunk_from)s, chunk_to => %(chunk_to)s, filter => %(filter)s,"
-        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
-        " row_filter => %(row_filter)s, fields => %(fields)s)",
+        " keys => %(keys)s, chunk_from => %(chunk_from)s, chunk_to => %(chunk_to)s, scope => %(scope)s,"
+        " fields => %(fields)s)",
         {
             "source": source,
             "keys": list(keys),
             "chunk_from": None if chunk_from is None else list(chunk_from),
             "chunk_to": None if chunk_to is None else list(chunk_to),
-            "filter": _json(filter),
-            "filter_query": _json(filter_query),
-            "exclusion_query": _json(exclusion_query),
-            "row_filter": _json(row_filter),
+            "scope": scope.value(),
             "fields": fields,
         },
     )

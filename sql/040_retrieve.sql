@@ -302,7 +302,8 @@ $$;
 --   Candidate rule: in hybrid mode (or with group_by_doc) each leg fetches
 --     candidates = coalesce(candidates, greatest(100, 4 * top_k)) rows (at most 4000) before fusion;
 --     otherwise the single leg fetches top_k rows.
---   filter and row_filter (a principal's) are compiled by agentdb_internal.compile_filter and applied to both legs.
+--   scope: the query filters and the row filter (a principal's), one jsonb object (sql/035_scope.sql), compiled
+--     by agentdb_internal.compile_filter and applied to both legs.
 --   fusion: how hybrid mode fuses its legs (inert in dense and lexical mode, whose score is 1 - distance or BM25):
 --     'rrf' (the default): score = sum over legs of 1 / (rrf_k + rank), rank 1-based within the leg.
 --     'convex': score = alpha * bm25_norm + (1 - alpha) * sim_norm, where each leg's score (BM25; cosine
@@ -326,16 +327,13 @@ create or replace function agentdb.retrieve(
     top_k int default 10,
     rrf_k int default 60,
     threshold float8 default 0.5,
-    filter jsonb default null,
+    scope jsonb default null,
     model text default null,
     group_by_doc boolean default false,
     ef_search int default 100,
     candidates int default null,
-    row_filter jsonb default null,
     fields text[] default null,
     exclude_doc text default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null,
     fusion text default 'rrf',
     alpha float8 default 0.5,
     -- diagnostics.output.results repeats every hit with its text (the funnel's last stage); false leaves it
@@ -355,7 +353,7 @@ set jit = off
 set work_mem = '32MB'
 as $$
 declare
-    src agentdb.sources;
+    src agentdb.sources := agentdb_internal.source_named(retrieve.source);
     r record;
     query_tsv tsvector;  -- the query's lexemes and their positions (none in dense mode)
     stats agentdb.corpus_stats;
@@ -399,20 +397,12 @@ declare
     open_rows boolean;  -- no filter, no row filter, and no row-level security in force for the current role
     lexical_path text;  -- 'accel': agentdb's C cursor (sql/025_accel.sql) serves the lexical leg; 'sql': plain SQL
 begin
-    select * into src from agentdb.sources s where s.name = retrieve.source;
-    if not found then
-        perform agentdb.raise_unknown_source(retrieve.source);
-    end if;
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
         perform agentdb.invalid_param(
             format('retrieval_mode must be dense, lexical or hybrid, not %L', mode), 'retrieval_mode');
     end if;
-    if top_k is null or top_k < 1 or top_k > 1000 then
-        perform agentdb.invalid_param('top_k must be between 1 and 1000', 'top_k');
-    end if;
-    if rrf_k is null or rrf_k < 1 or rrf_k > 1000 then
-        perform agentdb.invalid_param('rrf_k must be between 1 and 1000', 'rrf_k');
-    end if;
+    perform agentdb_internal.check_between(top_k, 1, 1000, 'top_k');
+    perform agentdb_internal.check_between(rrf_k, 1, 1000, 'rrf_k');
     if threshold is null or threshold < 0 or threshold > 2 then
         perform agentdb.invalid_param(
             'threshold must be between 0 and 2 (a cosine distance; 0 = no limit)', 'threshold');
@@ -421,13 +411,8 @@ begin
         perform agentdb.invalid_param(
             format('fusion must be rrf or convex, not %L', fusion), 'fusion');
     end if;
-    -- (also refuses NaN, which compares greater than every number)
-    if alpha is null or not (alpha >= 0 and alpha <= 1) then
-        perform agentdb.invalid_param('alpha must be between 0 and 1', 'alpha');
-    end if;
-    if ef_search is null or ef_search < 1 or ef_search > 1000 then
-        perform agentdb.invalid_param('ef_search must be between 1 and 1000', 'ef_search');
-    end if;
+    perform agentdb_internal.check_between(alpha, 0, 1, 'alpha');
+    perform agentdb_internal.check_between(ef_search, 1, 1000, 'ef_search');
     if candidates is not null and (candidates < 1 or candidates > 4000) then
         perform agentdb.invalid_param('candidates must be between 1 and 4000', 'candidates');
     end if;
@@ -453,8 +438,7 @@ begin
     principal := agentdb.current_principal() is not null;
     rel := agentdb.source_relation(src);
     select * into r from agentdb_internal.source_row_sql(src);
-    select * into sc from agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
-                                                  array['$5', '$6', '$17', '$18']);
+    select * into sc from agentdb_internal.scope_predicate(src, scope, array['$5', '$6', '$17', '$18']);
     pred := sc.pred;
     pred_params := sc.filter_params;
     row_pred := sc.row_pred;
@@ -468,10 +452,11 @@ begin
     diag := jsonb_build_object(
         'source', src.name, 'top_k', top_k,
         'threshold', case when threshold = 0 then to_jsonb('inf'::text) else to_jsonb(threshold) end,
-        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(filter::text, ''), 'fusion', fusion)
+        'retrieval_mode', mode, 'rrf_k', rrf_k, 'filter', coalesce(nullif(scope->'filter', 'null')::text, ''),
+        'fusion', fusion)
         || case when fusion = 'convex' then jsonb_build_object('alpha', alpha) else '{}'::jsonb end
-        || case when filter_query is null then '{}'::jsonb else jsonb_build_object('filter_query', filter_query) end
-        || case when exclusion_query is null then '{}'::jsonb else jsonb_build_object('exclusion_query', exclusion_query) end;
+        || (select coalesce(jsonb_object_agg(k, scope->k), '{}')
+            from unnest(array['filter_query', 'exclusion_query']) k where nullif(scope->k, 'null') is not null);
 
     -- Empty input: nothing to search with.
     if coalesce(btrim(query), '') = '' and query_embedding is null then
@@ -729,10 +714,11 @@ begin
     return query
     select h.id, h.chunk, h.rank, h.score, h.distance, h.bm25_score, h.rank_dense, h.rank_sparse, h.text, h.metadata
     from json_to_recordset(
-        agentdb.retrieve(source, query, query_embedding,
-                         coalesce(mode, case when query_embedding is null then 'lexical' else 'hybrid' end),
-                         top_k, rrf_k, threshold, filter, fusion => fusion, alpha => alpha,
-                         output_results => false) -> 'hits'
+        agentdb.retrieve(source => source, query => query, query_embedding => query_embedding,
+                         mode => coalesce(mode, case when query_embedding is null then 'lexical' else 'hybrid' end),
+                         top_k => top_k, rrf_k => rrf_k, threshold => threshold,
+                         scope => jsonb_build_object('filter', filter), fusion => fusion,
+                         alpha => alpha, output_results => false) -> 'hits'
     ) as h(id text, chunk int, rank int, score float8, distance float8, bm25_score float8,
            rank_dense int, rank_sparse int, text text, metadata jsonb)
     order by h.rank;
@@ -748,14 +734,10 @@ create or replace function agentdb.similar(
 )
 language plpgsql as $$
 declare
-    src agentdb.sources;
+    src agentdb.sources := agentdb_internal.source_named($1);
     r record;
     v vector;
 begin
-    select * into src from agentdb.sources s where s.name = $1;
-    if not found then
-        perform agentdb.raise_unknown_source($1);
-    end if;
     select * into r from agentdb_internal.source_row_sql(src);
     execute format('select c.agentdb_embedding from %s c where %s = $1 and c.agentdb_embedding is not null'
                    ' order by %s limit 1', agentdb.source_relation(src), r.doc_id, r.chunk)
@@ -767,8 +749,9 @@ begin
     return query
     select h.id, h.chunk, h.rank, h.score, h.distance, h.text, h.metadata
     from json_to_recordset(
-        agentdb.retrieve(src.name, '', v, 'dense', top_k, 60, 0, filter, group_by_doc => true, exclude_doc => $2,
-                         output_results => false) -> 'hits'
+        agentdb.retrieve(source => src.name, query => '', query_embedding => v, mode => 'dense', top_k => top_k,
+                         threshold => 0, scope => jsonb_build_object('filter', filter), group_by_doc => true,
+                         exclude_doc => $2, output_results => false) -> 'hits'
     ) as h(id text, chunk int, rank int, score float8, distance float8, text text, metadata jsonb)
     order by h.rank;
 end;

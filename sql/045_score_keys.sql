@@ -3,8 +3,8 @@
 -- (a document's best chunk's cosine similarity and its best chunk's BM25 with the source's global
 -- statistics), so candidates met at different points of a walk can be compared with each other.
 
--- For each key of `keys` that the caller may read (the query filters, the row filter and row-level
--- security, as agentdb.read applies them): `dense`, the highest cosine similarity (1 - cosine distance)
+-- For each key of `keys` that the caller may read (the `scope`, its query filters and row filter, and
+-- row-level security, as agentdb.read applies them): `dense`, the highest cosine similarity (1 - cosine distance)
 -- between `query_embedding` and the document's chunks (null without an embedding), and `lexical`, the
 -- highest Okapi BM25 score of its chunks for `query` (0 when no term matches). Keys that are missing or
 -- hidden return no row.
@@ -13,26 +13,19 @@ create or replace function agentdb.score_keys(
     keys text[],
     query text default '',
     query_embedding vector default null,
-    filter jsonb default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null,
-    row_filter jsonb default null
+    scope jsonb default null
 ) returns table (doc_id text, dense float8, lexical float8)
 language plpgsql stable
 set jit = off
 as $$
 declare
-    src agentdb.sources;
+    src agentdb.sources := agentdb_internal.source_named(score_keys.source);
     r record;
     s record;
     qt record;
     stats agentdb.corpus_stats;
     avgdl float8;
 begin
-    select * into src from agentdb.sources x where x.name = score_keys.source;
-    if not found then
-        perform agentdb.raise_unknown_source(score_keys.source);
-    end if;
     if query_embedding is not null and vector_dims(query_embedding) <> src.embedding_dim then
         perform agentdb.content_mismatch(
             format('query_embedding has dimension %s but source %L has dimension %s',
@@ -44,8 +37,7 @@ begin
     select * into stats from agentdb.corpus_stats x where x.source_id = src.id;
     avgdl := greatest(coalesce(stats.total_len, 0)::float8 / greatest(coalesce(stats.n_chunks, 0), 1), 1e-9);
     select * into r from agentdb_internal.source_row_sql(src);
-    s := agentdb_internal.scope_predicate(src, filter, row_filter, filter_query, exclusion_query,
-                                          array['$4', '$5', '$6', '$7']);
+    s := agentdb_internal.scope_predicate(src, score_keys.scope, array['$4', '$5', '$6', '$7']);
     select * into qt from agentdb_internal.query_terms(src.id, to_tsvector(src.ts_config, coalesce(query, '')),
                                                        coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
     return query execute format($q$

@@ -17,9 +17,9 @@
 --     longest suffix of the first that is a prefix of the second is written once (agentdb.chunk_overlap).
 --     With chunk_overlap = 0, or when no overlap is found, consecutive chunks are joined with one space;
 --     positions that are not consecutive (a neighbour missing or hidden by a filter) with ' … '.
---   * Every neighbour is read by agentdb.read, the one scoped reader: `filter`, `filter_query`,
---     `exclusion_query` and `row_filter` apply as in agentdb.retrieve, under the caller's role, so row
---     security hides what it hides from the search too. `fields` projects the text as in agentdb.retrieve:
+--   * Every neighbour is read by agentdb.read, the one scoped reader: the `scope` (query filters and row
+--     filter) applies as in agentdb.retrieve, under the caller's role, so row security hides what it hides
+--     from the search too. `fields` projects the text as in agentdb.retrieve:
 --     without 'text' the merged hit carries no text (and a role whose field grant lacks 'text' reads none).
 --   * expand_window = 1 changes nothing (no merging either); each hit only gains `chunks` = [chunk] and
 --     `hit_chunks` = [chunk]. Registered tables (one row per document) are returned the same way.
@@ -96,15 +96,12 @@ create or replace function agentdb.expand(
     source text,
     hits jsonb,
     expand_window int default 3,
-    filter jsonb default null,
-    row_filter jsonb default null,
-    fields text[] default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null
+    scope jsonb default null,
+    fields text[] default null
 ) returns jsonb
 language plpgsql stable as $$
 declare
-    src agentdb.sources;
+    src agentdb.sources := agentdb_internal.source_named(expand.source);
     r record;
     -- The groups, by group id (1-based, in output order): document, window bounds, the input position of the
     -- best hit (from 1), and the positions of the hits merged into it.
@@ -126,13 +123,7 @@ declare
     dedup boolean;
     result jsonb;
 begin
-    select * into src from agentdb.sources s where s.name = expand.source;
-    if not found then
-        perform agentdb.raise_unknown_source(expand.source);
-    end if;
-    if expand_window is null or expand_window < 1 or expand_window > 101 then
-        perform agentdb.invalid_param('expand_window must be between 1 and 101', 'expand_window');
-    end if;
+    perform agentdb_internal.check_between(expand_window, 1, 101, 'expand_window');
     if hits is null or jsonb_typeof(hits) <> 'array' then
         perform agentdb.invalid_param('hits must be a JSON array', 'hits');
     end if;
@@ -193,10 +184,8 @@ begin
     -- of agentdb.chunk_join (written out here: this loop runs once per chunk read).
     for r in
         select x.ord as gid, x.chunk, x.text
-        from agentdb.read(expand.source, g_id, g_lo, g_hi,
-                          filter => expand.filter, filter_query => expand.filter_query,
-                          exclusion_query => expand.exclusion_query, row_filter => expand.row_filter,
-                          fields => expand.fields) x
+        from agentdb.read(source => expand.source, keys => g_id, chunk_from => g_lo, chunk_to => g_hi,
+                          scope => expand.scope, fields => expand.fields) x
     loop
         if cur_gid is distinct from r.gid then
             if cur_gid is not null then

@@ -157,20 +157,6 @@ begin
 end;
 $$;
 
--- The source called `source_name` (3010 at `source` when there is none).
-create or replace function agentdb_internal.index_source(source_name text) returns agentdb.sources
-language plpgsql stable as $$
-declare
-    src agentdb.sources;
-begin
-    select * into src from agentdb.sources s where s.name = source_name;
-    if not found then
-        perform agentdb.raise_unknown_source(source_name);
-    end if;
-    return src;
-end;
-$$;
-
 -- The rows of source `src` that the active role (the `role` setting, else the session user) may read, as a
 -- relation to select from: the table itself for a role that reads every row (agentdb itself, an analyst's
 -- login, a principal whose row filter admits every row or in its own memory store); for any other principal
@@ -240,7 +226,7 @@ create or replace function agentdb.index_create(
 ) returns jsonb
 language plpgsql as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_create.source);
+    src agentdb.sources := agentdb_internal.source_named(index_create.source);
     spec jsonb;
     etype text;
     idx agentdb.indexes;
@@ -304,7 +290,7 @@ $$;
 create or replace function agentdb.index_drop(source text, index text) returns bigint
 language plpgsql as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_drop.source);
+    src agentdb.sources := agentdb_internal.source_named(index_drop.source);
     idx agentdb.indexes := agentdb_internal.index_get(src, index_drop.index);
     n bigint;
 begin
@@ -323,7 +309,7 @@ create or replace function agentdb.index_list(source text)
 returns table (name text, kind text, field text, edge_type text, edges bigint, created_at timestamptz)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_list.source);
+    src agentdb.sources := agentdb_internal.source_named(index_list.source);
     idx agentdb.indexes;
     readable text;
     r record;
@@ -361,7 +347,7 @@ $$;
 create or replace function agentdb.index_add_edges(source text, index text, edges jsonb) returns bigint
 language plpgsql as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_add_edges.source);
+    src agentdb.sources := agentdb_internal.source_named(index_add_edges.source);
     idx agentdb.indexes := agentdb_internal.index_get(src, index_add_edges.index);
     bad record;
     n bigint;
@@ -442,7 +428,7 @@ create or replace function agentdb.index_check(source text, index text default n
 returns table (index_name text, what text, mismatches bigint)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_check.source);
+    src agentdb.sources := agentdb_internal.source_named(index_check.source);
     idx agentdb.indexes;
     r record;
     tbl text := format('%I.%I', src.table_schema, src.table_name);
@@ -503,7 +489,7 @@ $$;
 create or replace function agentdb.index_rebuild(source text, index text default null) returns bigint
 language plpgsql as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_rebuild.source);
+    src agentdb.sources := agentdb_internal.source_named(index_rebuild.source);
     idx agentdb.indexes;
     n bigint;
     total bigint := 0;
@@ -524,6 +510,40 @@ begin
 end;
 $$;
 
+-- What the edge readers below (SECURITY DEFINER, called for the active role) may read of index `index_name`
+-- of source `source_id`: `readable`, the relation of the source's rows the role may read
+-- (index_reader_rows), null when it may read none of the index (not the source, or not the index's field);
+-- `whole_table` when that relation is the table itself; the index's id and whether it is a field's; the key
+-- and node expressions over the rows (alias c). 3010 at `index` when the source has no such index.
+create or replace function agentdb_internal.index_readable(
+    source_id int, index_name text,
+    out readable text, out whole_table boolean, out index_id int, out of_field boolean,
+    out key_expr text, out node_expr text
+) language plpgsql stable as $$
+declare
+    src agentdb.sources;
+    idx agentdb.indexes;
+begin
+    select * into src from agentdb.sources s where s.id = index_readable.source_id;
+    if not found then
+        return;
+    end if;
+    readable := agentdb_internal.index_reader_rows(src);
+    if readable is null then
+        return;
+    end if;
+    idx := agentdb_internal.index_get(src, index_name);
+    if not agentdb.principal_field_granted(idx.field) then
+        readable := null;
+        return;
+    end if;
+    whole_table := readable = format('%I.%I', src.table_schema, src.table_name);
+    index_id := idx.id;
+    of_field := idx.field is not null;
+    select r.key_expr, r.node_expr into key_expr, node_expr from agentdb_internal.index_row_sql(src, null, 'c') r;
+end;
+$$;
+
 -- The edges at `key` in index `index_name` of source `source_id` for agentdb.neighbors: the key at the other end,
 -- the edge type and the weight (the largest when a key is reached both ways), out from the key, in to it, or
 -- both, of the types `edge_types` (null = any). SECURITY DEFINER over agentdb.edges, which principals' roles
@@ -536,24 +556,11 @@ create or replace function agentdb_internal.index_edges(
 ) returns table (neighbor text, edge_type text, weight float8)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
-    src agentdb.sources;
-    idx agentdb.indexes;
-    readable text;
-    r record;
+    g record := agentdb_internal.index_readable(index_edges.source_id, index_name);
 begin
-    select * into src from agentdb.sources s where s.id = index_edges.source_id;
-    if not found then
+    if g.readable is null then
         return;
     end if;
-    readable := agentdb_internal.index_reader_rows(src);
-    if readable is null then
-        return;
-    end if;
-    idx := agentdb_internal.index_get(src, index_name);
-    if not agentdb.principal_field_granted(idx.field) then
-        return;
-    end if;
-    select * into r from agentdb_internal.index_row_sql(src, null, 'c');
     return query execute format($q$
     select x.k, x.t, max(x.w) from (
         select e.to_key, e.edge_type, e.weight from agentdb.edges e
@@ -566,11 +573,11 @@ begin
     ) x(k, t, w)
     where %s
     group by x.k, x.t $q$,
-        case when readable = format('%I.%I', src.table_schema, src.table_name) then 'true'
+        case when g.whole_table then 'true'
              else format('exists (select 1 from %1$s c where %2$s = $3 and (%3$s))'
                          ' and exists (select 1 from %1$s c where %2$s = x.k and (%3$s))',
-                         readable, r.key_expr, r.node_expr) end)
-    using src.id, idx.id, key, direction, edge_types;
+                         g.readable, g.key_expr, g.node_expr) end)
+    using source_id, g.index_id, key, direction, edge_types;
 end;
 $$;
 
@@ -578,9 +585,9 @@ $$;
 -- and navigation: `direction` 'out' (a tree node's children, a graph node's successors), 'in' (a tree node's
 -- parent, a graph node's predecessors) or 'both'; only edges of the types `edge_types` (null = any); at most
 -- `max` (1..256), by weight (highest first), then key and edge type. Runs in the caller's role: a key is kept
--- only when agentdb.read returns its chunk 0 to the caller under `filter`, `filter_query`, `exclusion_query`,
--- `row_filter` and the role's row security, and `max` counts only those; the start node must be readable
--- under the row filter and row security (else nothing: a hidden node and a missing one look alike). Edges to
+-- only when agentdb.read returns its chunk 0 to the caller under `scope` (query filters and row filter) and
+-- the role's row security, and `max` counts only those; the start node must be readable under the scope's
+-- row filter and row security (else nothing: a hidden node and a missing one look alike). Edges to
 -- keys with no document are not returned. Errors: 3010 at source or index, 3007 at node, direction,
 -- edge_types[i] or max.
 create or replace function agentdb.neighbors(
@@ -590,14 +597,11 @@ create or replace function agentdb.neighbors(
     direction text default 'out',
     edge_types text[] default null,
     max int default 8,
-    filter jsonb default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null,
-    row_filter jsonb default null
+    scope jsonb default null
 ) returns table (key text, edge_type text, weight float8)
 language plpgsql stable as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(neighbors.source);
+    src agentdb.sources := agentdb_internal.source_named(neighbors.source);
     bad int;
     cand_keys text[];
     cand_types text[];
@@ -630,17 +634,18 @@ begin
     from agentdb_internal.index_edges(src.id, neighbors.index, neighbors.node, neighbors.direction,
                                       neighbors.edge_types) e;
     if cardinality(cand_keys) = 0
-       or not exists (select 1 from agentdb.read(neighbors.source, array[neighbors.node], array[0], array[0],
-                                                 row_filter => neighbors.row_filter, fields => '{}')) then
+       or not exists (select 1 from agentdb.read(
+                          source => neighbors.source, keys => array[neighbors.node], chunk_from => array[0],
+                          chunk_to => array[0], fields => '{}',
+                          scope => jsonb_build_object('row_filter', neighbors.scope->'row_filter'))) then
         return;
     end if;
     return query
     select c.k, c.t, c.w
     from unnest(cand_keys, cand_types, cand_weights) with ordinality c(k, t, w, ord)
     where c.ord in (select r.ord from agentdb.read(
-              neighbors.source, cand_keys, array_fill(0, array[cardinality(cand_keys)]),
-              array_fill(0, array[cardinality(cand_keys)]), neighbors.filter, neighbors.filter_query,
-              neighbors.exclusion_query, neighbors.row_filter, '{}') r)
+              source => neighbors.source, keys => cand_keys, chunk_from => array_fill(0, array[cardinality(cand_keys)]),
+              chunk_to => array_fill(0, array[cardinality(cand_keys)]), scope => neighbors.scope, fields => '{}') r)
     order by c.w desc, c.k, c.t
     limit neighbors.max;
 end;
@@ -655,24 +660,11 @@ create or replace function agentdb_internal.index_root_keys(source_id int, index
 returns table (key text)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
-    src agentdb.sources;
-    idx agentdb.indexes;
-    readable text;
-    r record;
+    g record := agentdb_internal.index_readable(index_root_keys.source_id, index_name);
 begin
-    select * into src from agentdb.sources s where s.id = index_root_keys.source_id;
-    if not found then
+    if g.readable is null then
         return;
     end if;
-    readable := agentdb_internal.index_reader_rows(src);
-    if readable is null then
-        return;
-    end if;
-    idx := agentdb_internal.index_get(src, index_name);
-    if not agentdb.principal_field_granted(idx.field) then
-        return;
-    end if;
-    select * into r from agentdb_internal.index_row_sql(src, null, 'c');
     return query execute format($q$
         with nodes as materialized (select distinct %s as key from %s c where (%s))
         select n.key from nodes n
@@ -680,26 +672,23 @@ begin
                           where e.source_id = $1 and e.index_id = $2 and e.to_key = n.key and e.from_key <> n.key)
           and ($3 or exists (select 1 from agentdb.edges e
                              where e.source_id = $1 and e.index_id = $2 and (e.from_key = n.key or e.to_key = n.key)))
-        $q$, r.key_expr, readable, r.node_expr)
-    using src.id, idx.id, idx.field is not null;
+        $q$, g.key_expr, g.readable, g.node_expr)
+    using source_id, g.index_id, g.of_field;
 end;
 $$;
 
 -- The roots of index `index` of source `source` that the caller may read (see index_root_keys), by key, at most
 -- `max` (null = all): where a ranked tree walk may start ($roots). Runs in the caller's role and keeps the keys
--- agentdb.read returns under the filters, the row filter and row security. 3010 at source or index.
+-- agentdb.read returns under the `scope` (query filters and row filter) and row security. 3010 at source or index.
 create or replace function agentdb.index_roots(
     source text,
     index text,
     max int default null,
-    filter jsonb default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null,
-    row_filter jsonb default null
+    scope jsonb default null
 ) returns table (key text)
 language plpgsql stable as $$
 declare
-    src agentdb.sources := agentdb_internal.index_source(index_roots.source);
+    src agentdb.sources := agentdb_internal.source_named(index_roots.source);
     roots text[];
 begin
     if index_roots.max is not null and index_roots.max < 1 then
@@ -712,9 +701,9 @@ begin
     end if;
     return query
     select roots[r.ord]
-    from agentdb.read(index_roots.source, roots, array_fill(0, array[cardinality(roots)]),
-                      array_fill(0, array[cardinality(roots)]), index_roots.filter, index_roots.filter_query,
-                      index_roots.exclusion_query, index_roots.row_filter, '{}') r
+    from agentdb.read(source => index_roots.source, keys => roots, chunk_from => array_fill(0, array[cardinality(roots)]),
+                      chunk_to => array_fill(0, array[cardinality(roots)]), scope => index_roots.scope,
+                      fields => '{}') r
     order by r.ord
     limit index_roots.max;
 end;

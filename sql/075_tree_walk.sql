@@ -2,7 +2,8 @@
 -- "tree" and selection "ranked" runs (agentdb.agent.navigation.step calls agentdb_internal.tree_walk_run)
 -- and analysts call as agentdb.tree_walk. Every read is the caller's: nodes through agentdb.read, children
 -- and links through agentdb.neighbors, relevance through agentdb.score_keys (or agentdb.read for keyword
--- scoring), seeds through agentdb.retrieve, all under the same filters, row filter and projection.
+-- scoring), seeds through agentdb.retrieve, all under the same scope (query filters and row filter) and
+-- projection.
 --
 -- The walk (its weights are the constants of tree_walk_relevance and tree_walk_run, nowhere else):
 --   * start: `start_key`; else `start_nodes` ('$roots', '$hits' or comma-separated keys); else the seed
@@ -54,21 +55,18 @@ create or replace function agentdb_internal.tree_walk_own(
     query_embedding vector,
     scale float8,
     scoring text,
-    filter jsonb,
-    filter_query jsonb,
-    exclusion_query jsonb,
-    row_filter jsonb,
+    scope jsonb,
     fields text[]
 ) returns table (doc_id text, rel float8)
 language sql stable as $$
     select s.doc_id, 0.8 * coalesce(s.dense, 0) + (1 - 0.8::float8) * least(s.lexical / greatest(scale, 1e-9), 1.0)
-    from agentdb.score_keys(source, keys, query, query_embedding, filter, filter_query, exclusion_query,
-                            row_filter) s
+    from agentdb.score_keys(source => source, keys => keys, query => query, query_embedding => query_embedding,
+                            scope => scope) s
     where scoring = 'hybrid'
     union all
     select r.doc_id, agentdb_internal.keyword_overlap(query, r.title, r.text)
-    from agentdb.read(source, keys, null, array_fill(0, array[cardinality(keys)]), filter, filter_query,
-                      exclusion_query, row_filter, fields) r
+    from agentdb.read(source => source, keys => keys, chunk_to => array_fill(0, array[cardinality(keys)]),
+                      scope => scope, fields => fields) r
     where scoring = 'keywords'
 $$;
 
@@ -82,10 +80,7 @@ create or replace function agentdb_internal.tree_walk_relevance(
     scale float8,
     prior jsonb,
     scoring text,
-    filter jsonb,
-    filter_query jsonb,
-    exclusion_query jsonb,
-    row_filter jsonb,
+    scope jsonb,
     fields text[]
 ) returns table (doc_id text, rel float8)
 language sql stable as $$
@@ -94,9 +89,10 @@ language sql stable as $$
         from unnest(keys) u(key)),
     own as (
         select o.doc_id, o.rel
-        from agentdb_internal.tree_walk_own(source, array(select key from k union select page from k), query,
-                                            query_embedding, scale, scoring, filter, filter_query,
-                                            exclusion_query, row_filter, fields) o)
+        from agentdb_internal.tree_walk_own(
+                 source => source, keys => array(select key from k union select page from k), query => query,
+                 query_embedding => query_embedding, scale => scale, scoring => scoring, scope => scope,
+                 fields => fields) o)
     select k.key, o.rel + 0.2 * coalesce(p.rel, 0) + coalesce((prior->>k.key)::float8, 0)
     from k join own o on o.doc_id = k.key left join own p on p.doc_id = k.page
 $$;
@@ -125,10 +121,7 @@ create or replace function agentdb_internal.tree_walk_run(
     fusion text,
     alpha float8,
     scoring text,
-    filter jsonb,
-    filter_query jsonb,
-    exclusion_query jsonb,
-    row_filter jsonb,
+    scope jsonb,
     fields text[],
     links_index text,
     progress boolean
@@ -166,15 +159,9 @@ declare
     via jsonb := '{}';         -- key -> relevance of the best head document linking to it
     answer jsonb;
 begin
-    if max_depth is null or max_depth < 1 or max_depth > 20 then
-        perform agentdb.invalid_param('max_depth must be between 1 and 20', 'max_depth');
-    end if;
-    if beam_width is null or beam_width < 1 or beam_width > 20 then
-        perform agentdb.invalid_param('beam_width must be between 1 and 20', 'beam_width');
-    end if;
-    if max_nodes is null or max_nodes < 1 or max_nodes > 500 then
-        perform agentdb.invalid_param('max_nodes must be between 1 and 500', 'max_nodes');
-    end if;
+    perform agentdb_internal.check_between(max_depth, 1, 20, 'max_depth');
+    perform agentdb_internal.check_between(beam_width, 1, 20, 'beam_width');
+    perform agentdb_internal.check_between(max_nodes, 1, 500, 'max_nodes');
     if start_key is not null and start_nodes is not null then
         perform agentdb.invalid_param('start_nodes and start_key exclude each other',
                                     'start_nodes');
@@ -186,20 +173,17 @@ begin
 
     if seeds is null then
         select coalesce(array_agg(h->>'id' order by n), '{}') into seeds
-        from json_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode, top_k => top_k,
-                                                    rrf_k => rrf_k, threshold => threshold,
-                                                    filter => tree_walk_run.filter, group_by_doc => true,
-                                                    row_filter => row_filter, fields => fields,
-                                                    filter_query => filter_query,
-                                                    exclusion_query => exclusion_query, fusion => fusion,
+        from json_array_elements((agentdb.retrieve(source => source, query => query,
+                                                    query_embedding => query_embedding, mode => mode, top_k => top_k,
+                                                    rrf_k => rrf_k, threshold => threshold, scope => scope,
+                                                    group_by_doc => true, fields => fields, fusion => fusion,
                                                     alpha => alpha, output_results => false))->'hits')
              with ordinality x(h, n);
     end if;
     seeds := array(select s from unnest(seeds) with ordinality u(s, n) group by s order by min(n));
     -- The query's best BM25 score in scope: the lexical leg's scale.
-    select coalesce(((agentdb.retrieve(source, query, mode => 'lexical', top_k => 1, filter => tree_walk_run.filter,
-                                       row_filter => row_filter, filter_query => filter_query,
-                                       exclusion_query => exclusion_query, output_results => false))
+    select coalesce(((agentdb.retrieve(source => source, query => query, mode => 'lexical', top_k => 1,
+                                       scope => scope, output_results => false))
                   ->'hits'->0->>'bm25_score')::float8, 1.0)
     into scale;
     if scale = 0 then
@@ -208,12 +192,10 @@ begin
     scale := greatest(scale, 1e-9);
     -- The prior: the seed search run prior_depth times deeper (within retrieve's bound), the seed hits first.
     select coalesce(array_agg(h->>'id' order by n), '{}') into ranked
-    from json_array_elements((agentdb.retrieve(source, query, query_embedding, mode => mode,
-                                                top_k => least(prior_depth * top_k, 1000), rrf_k => rrf_k,
-                                                threshold => threshold, filter => tree_walk_run.filter,
-                                                group_by_doc => true, row_filter => row_filter,
-                                                filter_query => filter_query, exclusion_query => exclusion_query,
-                                                fusion => fusion, alpha => alpha,
+    from json_array_elements((agentdb.retrieve(source => source, query => query, query_embedding => query_embedding,
+                                                mode => mode, top_k => least(prior_depth * top_k, 1000),
+                                                rrf_k => rrf_k, threshold => threshold, scope => scope,
+                                                group_by_doc => true, fusion => fusion, alpha => alpha,
                                                 output_results => false))->'hits') with ordinality x(h, n);
     ranked := array(select s from unnest(seeds || ranked) with ordinality u(s, n) group by s order by min(n));
     for i in 1 .. cardinality(ranked) loop
@@ -223,15 +205,13 @@ begin
     if start_key is not null then
         starts := array[start_key];
     elsif start_nodes = '$roots' then
-        starts := array(select r.key from agentdb.index_roots(source, index, null, tree_walk_run.filter,
-                                                               filter_query, exclusion_query, row_filter) r);
+        starts := array(select r.key from agentdb.index_roots(source => source, index => index, scope => scope) r);
     elsif start_nodes is null or start_nodes = '$hits' then
         -- The seed hits and their parents: a section's answer often continues in a sibling, which the walk
         -- reaches from the parent.
         starts := seeds || array(select n.key from unnest(seeds) with ordinality s(key, o),
-                                 lateral agentdb.neighbors(source, index, s.key, 'in', null, 1,
-                                                           tree_walk_run.filter, filter_query, exclusion_query,
-                                                           row_filter) n
+                                 lateral agentdb.neighbors(source => source, index => index, node => s.key,
+                                                           direction => 'in', max => 1, scope => scope) n
                                  order by s.o);
     else
         starts := array(select btrim(x) from unnest(string_to_array(start_nodes, ',')) x where btrim(x) <> '');
@@ -242,9 +222,9 @@ begin
     for node in
         select u.key, coalesce(sc.rel, 0) as score
         from unnest(starts) u(key)
-        left join agentdb_internal.tree_walk_relevance(source, starts, query, query_embedding, scale, prior,
-                                                       scoring, tree_walk_run.filter, filter_query,
-                                                       exclusion_query, row_filter, fields) sc
+        left join agentdb_internal.tree_walk_relevance(
+                      source => source, keys => starts, query => query, query_embedding => query_embedding,
+                      scale => scale, prior => prior, scoring => scoring, scope => scope, fields => fields) sc
                on sc.doc_id = u.key
     loop
         frontier := frontier || jsonb_build_object(node.key, jsonb_build_object(
@@ -260,17 +240,16 @@ begin
         frontier := frontier - cur.key;
         reads := reads + 1;
         select r.title, r.text, r.metadata into node
-        from agentdb.read(source, array[cur.key], array[0], array[0], tree_walk_run.filter, filter_query,
-                          exclusion_query, row_filter, fields) r;
+        from agentdb.read(source => source, keys => array[cur.key], chunk_from => array[0], chunk_to => array[0],
+                          scope => scope, fields => fields) r;
         closed := closed || cur.key;
         if not found then
             unreadable := unreadable || to_jsonb(cur.key);
             continue;  -- hidden or gone: this branch stops, the rest of the frontier stays
         end if;
         if (cur.value->>'depth')::int < max_depth then
-            kids := array(select n.key from agentdb.neighbors(source, index, cur.key, 'out', null, 256,
-                                                              tree_walk_run.filter, filter_query, exclusion_query,
-                                                              row_filter) n);
+            kids := array(select n.key from agentdb.neighbors(source => source, index => index, node => cur.key,
+                                                              max => 256, scope => scope) n);
             kids := array(select c from unnest(kids) with ordinality u(c, n) where c <> all(closed)
                           group by c order by min(n));
             links := '{}';
@@ -280,9 +259,8 @@ begin
                        coalesce(jsonb_object_agg(l.key, l.edge_type), '{}')
                 into links, link_types
                 from (select n.key, (array_agg(n.edge_type order by n.o))[1] as edge_type, min(n.o) as n
-                      from agentdb.neighbors(source, links_index, cur.key, 'out', null, 256,
-                                             tree_walk_run.filter, filter_query, exclusion_query, row_filter)
-                           with ordinality n(key, edge_type, weight, o)
+                      from agentdb.neighbors(source => source, index => links_index, node => cur.key, max => 256,
+                                             scope => scope) with ordinality n(key, edge_type, weight, o)
                       where n.key <> all(closed)
                       group by n.key) l;
             end if;
@@ -291,10 +269,11 @@ begin
             if cardinality(kids) + cardinality(links) > 0 then
                 select coalesce(jsonb_object_agg(sc.doc_id, sc.rel), '{}') into rels
                 from agentdb_internal.tree_walk_relevance(
-                         source, array(select c from unnest(kids || links) with ordinality u(c, n) group by c
+                         source => source,
+                         keys => array(select c from unnest(kids || links) with ordinality u(c, n) group by c
                                        order by min(n)),
-                         query, query_embedding, scale, prior, scoring, tree_walk_run.filter, filter_query,
-                         exclusion_query, row_filter, fields) sc;
+                         query => query, query_embedding => query_embedding, scale => scale, prior => prior,
+                         scoring => scoring, scope => scope, fields => fields) sc;
                 select coalesce(jsonb_agg(o.x order by o.part, o.ord), '[]') into offers
                 from (
                     (select 0 as part,
@@ -338,17 +317,18 @@ begin
 
     -- The answer: the head by relevance, then the rest with the bonus of the head's links.
     select coalesce(jsonb_object_agg(sc.doc_id, sc.rel), '{}') into rels
-    from agentdb_internal.tree_walk_relevance(source, array(select e->>'key' from jsonb_array_elements(visits) e),
-                                              query, query_embedding, scale, prior, scoring, tree_walk_run.filter,
-                                              filter_query, exclusion_query, row_filter, fields) sc;
+    from agentdb_internal.tree_walk_relevance(
+             source => source, keys => array(select e->>'key' from jsonb_array_elements(visits) e), query => query,
+             query_embedding => query_embedding, scale => scale, prior => prior, scoring => scoring, scope => scope,
+             fields => fields) sc;
     head := array(select x->>'key' from jsonb_array_elements(visits) x
                   order by coalesce((rels->>(x->>'key'))::float8, 0) desc, (x->>'order')::int limit answer_head);
     if links_index is not null then
         select coalesce(jsonb_object_agg(t.key, t.via), '{}') into via
         from (select n.key, max(coalesce((rels->>h.key)::float8, 0)) as via
               from unnest(head) h(key),
-                   lateral agentdb.neighbors(source, links_index, h.key, 'out', null, 256, tree_walk_run.filter,
-                                             filter_query, exclusion_query, row_filter) n
+                   lateral agentdb.neighbors(source => source, index => links_index, node => h.key, max => 256,
+                                             scope => scope) n
               group by n.key) t;
     end if;
     select coalesce(jsonb_agg(jsonb_build_object('key', y.key, 'score', y.final)
@@ -389,20 +369,19 @@ create or replace function agentdb.tree_walk(
     mode text default null,
     threshold float8 default 0.5,
     rrf_k int default 60,
-    filter jsonb default null,
-    filter_query jsonb default null,
-    exclusion_query jsonb default null,
-    row_filter jsonb default null,
+    scope jsonb default null,
     fields text[] default null,
     links_index text default null
 ) returns table (rank int, id text, score float8, depth int, parent text, path text[], visit_order int,
                  title text, text text, metadata jsonb)
 language sql volatile as $$
     with w as (
-        select agentdb_internal.tree_walk_run(source, index, query, query_embedding, null, start_key, start_nodes,
-                                              max_depth, beam_width, max_nodes, top_k, mode, threshold, rrf_k,
-                                              'rrf', 0.5, 'hybrid', filter, filter_query, exclusion_query,
-                                              row_filter, fields, links_index, false) as r),
+        select agentdb_internal.tree_walk_run(
+                   source => source, index => index, query => query, query_embedding => query_embedding,
+                   seeds => null, start_key => start_key, start_nodes => start_nodes, max_depth => max_depth,
+                   beam_width => beam_width, max_nodes => max_nodes, top_k => top_k, mode => mode,
+                   threshold => threshold, rrf_k => rrf_k, fusion => 'rrf', alpha => 0.5, scoring => 'hybrid',
+                   scope => scope, fields => fields, links_index => links_index, progress => false) as r),
     v as (
         select x->>'key' as key, x from w, jsonb_array_elements(w.r->'visits') x)
     select a.n::int, a.e->>'key', (a.e->>'score')::float8, (v.x->>'depth')::int, v.x->>'parent',

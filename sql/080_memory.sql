@@ -515,9 +515,7 @@ declare
     filter_pred text;
     filter_params jsonb;
 begin
-    if top_k is null or top_k < 1 or top_k > 100 then
-        perform agentdb.invalid_param('top_k must be between 1 and 100', 'top_k');
-    end if;
+    perform agentdb_internal.check_between(top_k, 1, 100, 'top_k');
     if ranking is null or ranking not in ('calibrated', 'generative_agents') then
         perform agentdb.invalid_param(
             'ranking must be calibrated or generative_agents', 'ranking');
@@ -544,27 +542,13 @@ begin
     if w_recency + w_importance + w_relevance = 0 then
         perform agentdb.invalid_param('at least one weight must be positive', 'weights');
     end if;
-    if candidates is null or candidates < 0 or candidates > 1000 then
-        perform agentdb.invalid_param('candidates must be between 0 and 1000', 'candidates');
-    end if;
-    if entity_candidates is null or entity_candidates < 0 or entity_candidates > 100 then
-        perform agentdb.invalid_param('entity_candidates must be between 0 and 100', 'entity_candidates');
-    end if;
-    if entity_threshold is null or entity_threshold < 0 or entity_threshold > 2 then
-        perform agentdb.invalid_param('entity_threshold must be between 0 and 2', 'entity_threshold');
-    end if;
-    if hops is null or hops < 0 or hops > 3 then
-        perform agentdb.invalid_param('hops must be between 0 and 3', 'hops');
-    end if;
-    if per_entity is null or per_entity < 0 or per_entity > 1000 then
-        perform agentdb.invalid_param('per_entity must be between 0 and 1000', 'per_entity');
-    end if;
-    if prior is null or prior < 0 or prior > 1000 then
-        perform agentdb.invalid_param('prior must be between 0 and 1000', 'prior');
-    end if;
-    if max_edges is null or max_edges < 1 or max_edges > 10000 then
-        perform agentdb.invalid_param('max_edges must be between 1 and 10000', 'max_edges');
-    end if;
+    perform agentdb_internal.check_between(candidates, 0, 1000, 'candidates');
+    perform agentdb_internal.check_between(entity_candidates, 0, 100, 'entity_candidates');
+    perform agentdb_internal.check_between(entity_threshold, 0, 2, 'entity_threshold');
+    perform agentdb_internal.check_between(hops, 0, 3, 'hops');
+    perform agentdb_internal.check_between(per_entity, 0, 1000, 'per_entity');
+    perform agentdb_internal.check_between(prior, 0, 1000, 'prior');
+    perform agentdb_internal.check_between(max_edges, 1, 10000, 'max_edges');
     select * into st from agentdb_internal.memory_store(store);
     if st.id is null then
         perform agentdb.not_found(format('unknown memory store %L', store), 'store',
@@ -647,8 +631,9 @@ begin
 
     -- The dense leg of the one retrieval function: the records nearest to the query.
     if query_embedding is not null and candidates > 0 then
-        vector_hits := agentdb.retrieve(src.name, '', query_embedding, 'dense', top_k => candidates, threshold => 0,
-                                        filter => filter, output_results => false)->'hits';
+        vector_hits := agentdb.retrieve(source => src.name, query => '', query_embedding => query_embedding,
+                                        mode => 'dense', top_k => candidates, threshold => 0,
+                                        scope => jsonb_build_object('filter', filter), output_results => false)->'hits';
     end if;
 
     execute format($q$

@@ -38,6 +38,7 @@ from agentdb.errors import (
     Unauthorized,
     from_db_error,
 )
+from agentdb.filters import ReadScope
 from agentdb.retrieval import retrieve
 from agentdb.sources import FieldSpec, create_document_source, drop_source, get_source, register_table
 from tests.filter_oracle import filters, matches, sample_metadata
@@ -694,7 +695,9 @@ def test_expansion_and_document_fetch_under_the_role(
         )
         fields = check_fields(principal, None)
         with principal_scope(conn, principal) as scoped:
-            expanded = expand(scoped, "tenants", hits, 3, row_filter=principal.row_filter, fields=fields)
+            expanded = expand(
+                scoped, "tenants", hits, 3, scope=ReadScope(row_filter=principal.row_filter), fields=fields
+            )
         assert [h.chunks for h in expanded] == [[0, 1, 2], []]
         assert (expanded[0].text is not None) == with_text
         if with_text:
@@ -932,12 +935,11 @@ def test_the_scoped_reader_returns_exactly_the_visible_projected_rows(
         with principal_scope(conn, principal) as scoped:
             got = scoped.execute(
                 "select ord, doc_id, chunk, title, text, metadata from agentdb.read('docs', %s, %s,"
-                " filter => %s, exclusion_query => %s, fields => %s)",
+                " scope => %s, fields => %s)",
                 (
                     keys,
                     chunk_from,
-                    None if query_filter is None else Jsonb(query_filter),
-                    None if exclusion is None else Jsonb(exclusion),
+                    Jsonb({"filter": query_filter, "exclusion_query": exclusion}),
                     fields,
                 ),
             ).fetchall()
@@ -959,9 +961,20 @@ def test_the_scoped_reader_returns_exactly_the_visible_projected_rows(
 def test_the_scoped_reader_refuses_bad_arguments(
     conn: psycopg.Connection[Any], corpus: dict[str, Any]
 ) -> None:
-    """Unknown sources and fields, and ranges that do not match the keys, are errors with a path."""
+    """Unknown sources, fields and scope keys, a scope that is not an object, bad filters in it, and ranges
+    that do not match the keys, are errors with a path (a filter's path starts at its key in the scope)."""
     cases = [
         ("select * from agentdb.read('nope', array['d00'])", "source"),
+        ("""select * from agentdb.read('docs', array['d00'], scope => '{"filters": {}}')""", "scope.filters"),
+        ("""select * from agentdb.read('docs', array['d00'], scope => '"year"')""", "scope"),
+        (
+            """select * from agentdb.read('docs', array['d00'], scope => '{"filter": {"nope": 1}}')""",
+            "filter.nope",
+        ),
+        (
+            """select * from agentdb.read('docs', array['d00'], scope => '{"row_filter": {"nope": 1}}')""",
+            "row_filter.nope",
+        ),
         ("select * from agentdb.read('docs', array['d00'], fields => array['secret'])", "fields[0]"),
         ("select * from agentdb.read('docs', array['d00', 'd01'], array[0])", "chunk_from"),
         ("select * from agentdb.read('docs', array['d00'], null, array[0, 1])", "chunk_to"),

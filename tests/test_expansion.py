@@ -137,13 +137,12 @@ def sql_expand(
     conn: psycopg.Connection[Any], source: str, hits: list[dict[str, Any]], window: int, **kw: Any
 ) -> list[dict[str, Any]]:
     row = conn.execute(
-        "select agentdb.expand(%s, %s, %s, %s, %s, %s)",
+        "select agentdb.expand(source => %s, hits => %s, expand_window => %s, scope => %s, fields => %s)",
         (
             source,
             Jsonb(hits),
             window,
-            kw.get("filter") and Jsonb(kw["filter"]),
-            kw.get("row_filter") and Jsonb(kw["row_filter"]),
+            Jsonb({"filter": kw.get("filter"), "row_filter": kw.get("row_filter")}),
             kw.get("fields"),
         ),
     ).fetchone()

@@ -22,6 +22,7 @@ from agentdb.cli import main
 from agentdb.cli.demo import DEMO_INDEXES, DEMO_SOURCE, _demo_indexes
 from agentdb.config import Settings
 from agentdb.errors import Conflict, Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
+from agentdb.filters import ReadScope
 from agentdb.indexes import (
     add_edges,
     check_index,
@@ -610,7 +611,7 @@ def test_neighbors_arguments_order_and_directions(conn: psycopg.Connection[Any])
     # the query filter applies to the neighbours
     put(conn, "e", {"year": 1999})
     add_edges(conn, "t", "g", [{"from": "a", "to": "e", "weight": 9}])
-    assert [n.key for n in neighbors(conn, "t", "g", "a", filter={"year": 1999})] == ["e"]
+    assert [n.key for n in neighbors(conn, "t", "g", "a", scope=ReadScope(filter={"year": 1999}))] == ["e"]
     assert neighbors(conn, "t", "g", "nobody") == []
     for arguments, path in [
         ({"direction": "sideways"}, "direction"),
@@ -670,7 +671,7 @@ def test_neighbors_under_a_row_filter_show_only_visible_keys(
         assert neighbors(scoped, "t", "xref", "a1", max=1)[0].key == "a2"  # max counts visible keys only
         # a3's parent g1 is hidden: a3 is a root, as it would be with a parent that names no document
         assert roots(scoped, "t", "sections") == ["a1", "a3"]
-        assert roots(scoped, "t", "sections", row_filter={"tenant": "acme"}) == ["a1", "a3"]
+        assert roots(scoped, "t", "sections", scope=ReadScope(row_filter={"tenant": "acme"})) == ["a1", "a3"]
     # The role cannot read the edges or the index catalog itself.
     for statement in ["select * from agentdb.edges", "select * from agentdb.indexes"]:
         with pytest.raises(psycopg.errors.InsufficientPrivilege), principal_scope(conn, principal) as scoped:

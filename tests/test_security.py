@@ -483,7 +483,7 @@ def test_under_a_principals_role_the_filter_hint_names_granted_fields_only(conn:
     reader = create_principal(
         conn, "reader", tables=["docs"], row_filter={"tenant": "acme"}, fields=["tenant"]
     )[0]
-    query = "select * from agentdb.read('docs', array['d0'], filter => '{\"nope\": 1}')"
+    query = "select * from agentdb.read('docs', array['d0'], scope => '{\"filter\": {\"nope\": 1}}')"
     with principal_scope(conn, reader) as scoped, pytest.raises(InvalidParamValue) as as_reader:
         run_sql(scoped, query, {})
     with pytest.raises(InvalidParamValue) as as_agentdb:

@@ -1,5 +1,5 @@
 """The SQL door: agentdb.search without a vector runs lexical and says so, instead of
-failing on the hybrid default; agentdb.retrieve returns one json document."""
+failing on the hybrid default; agentdb.retrieve returns one json document; the scope is one value."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from agentdb.retrieval import retrieve
-from agentdb.sources import create_document_source
+from agentdb.sources import FieldSpec, create_document_source
 
 
 def test_search_without_a_vector_is_lexical_and_says_so(conn: Any) -> None:
@@ -59,3 +59,37 @@ def test_retrieve_returns_one_json_document_with_the_hits_keys_in_order(conn: An
         (h["id"], h["chunk"], h["score"]) for h in payload["hits"]
     ]
     assert api.diagnostics == payload["diagnostics"]
+
+
+def test_the_scope_is_one_value_holding_the_filters_by_name(conn: Any) -> None:
+    """agentdb.retrieve and agentdb.read take the query filters and the row filter as one jsonb `scope`, each
+    key filtering as its own parameter did, and agentdb.search's `filter` is its `filter` (a bad scope's
+    errors: tests/test_auth.py, the scoped reader's)."""
+    create_document_source(
+        conn, "sc", embedding_model="m", embedding_dim=3, fields=[FieldSpec(name="team", type="string")]
+    )
+    conn.execute(
+        "insert into agentdb_docs.sc (doc_id, chunk, title, text, metadata) values"
+        " ('a', 0, '', 'archive the log', '{\"team\": \"ops\"}'),"
+        " ('b', 0, '', 'archive the log twice', '{\"team\": \"dev\"}'),"
+        " ('c', 0, '', 'archive everything', '{\"team\": \"ops\"}')"
+    )
+
+    def ids(scope: str | None) -> list[str]:
+        call = "select agentdb.retrieve('sc', 'archive log', mode => 'lexical', scope => %s::jsonb)::jsonb -> 'hits'"
+        return [h["id"] for h in conn.execute(call, (scope,)).fetchone()[0]]
+
+    assert ids(None) == ids("{}") == ["a", "b", "c"]
+    assert ids('{"filter": {"team": "ops"}}') == ["a", "c"]
+    assert ids('{"row_filter": {"team": "dev"}}') == ["b"]
+    assert ids('{"filter_query": {"term": "ops", "field": "team"}, "exclusion_query": {"ids": ["c"]}}') == [
+        "a"
+    ]
+    searched = conn.execute(
+        "select id from agentdb.search('sc', 'archive log', filter => '{\"team\": \"ops\"}') order by rank"
+    ).fetchall()
+    assert [r[0] for r in searched] == ["a", "c"]
+    read = conn.execute(
+        "select doc_id from agentdb.read('sc', array['a', 'b', 'c'], scope => '{\"filter\": {\"team\": \"dev\"}}')"
+    ).fetchall()
+    assert read == [("b",)]

@@ -13,6 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from agentdb.db import run_sql
+from agentdb.filters import UNFILTERED, ReadScope
 from agentdb.retrieval import Hit
 
 DEFAULT_WINDOW = 3
@@ -24,19 +25,16 @@ def expand(
     hits: Sequence[Hit | Mapping[str, Any]],
     window: int = DEFAULT_WINDOW,
     *,
-    filter: dict[str, Any] | None = None,
-    row_filter: dict[str, Any] | None = None,
+    scope: ReadScope = UNFILTERED,
     fields: list[str] | None = None,
-    filter_query: dict[str, Any] | None = None,
-    exclusion_query: dict[str, Any] | None = None,
 ) -> list[Hit]:
     """Expand `hits` of `source` (as returned by `agentdb.retrieval.retrieve`, or the SQL function's own JSON
     objects) to windows of `window` chunks. Each result keeps its best merged hit's fields and gets the merged
     text, the chunk positions it covers (`chunks`) and those of the input hits it absorbed (`hit_chunks`).
 
-    Every neighbour is read through the scoped reader `agentdb.read`: `filter`, `filter_query`,
-    `exclusion_query` and `row_filter` apply, and `fields` projects the text, as in the retrieval that
-    produced the hits; run it under the same principal scope as that retrieval.
+    Every neighbour is read through the scoped reader `agentdb.read`: `scope` (the query filters and the row
+    filter) applies, and `fields` projects the text, as in the retrieval that produced the hits; run it under
+    the same principal scope as that retrieval.
     """
     if not hits:
         return []
@@ -51,17 +49,13 @@ def expand(
     merged = run_sql(
         conn,
         "select agentdb.expand(source => %(source)s, hits => %(hits)s, expand_window => %(window)s,"
-        " filter => %(filter)s, row_filter => %(row_filter)s,"
-        " fields => %(fields)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s)",
+        " scope => %(scope)s, fields => %(fields)s)",
         {
             "source": source,
             "hits": Jsonb(slim),
             "window": window,
-            "filter": None if filter is None else Jsonb(filter),
-            "row_filter": None if row_filter is None else Jsonb(row_filter),
+            "scope": scope.value(),
             "fields": fields,
-            "filter_query": None if filter_query is None else Jsonb(filter_query),
-            "exclusion_query": None if exclusion_query is None else Jsonb(exclusion_query),
         },
     )[0][0]
     out = []

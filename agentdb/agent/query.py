@@ -117,7 +117,7 @@ def run_query(
                 spec.table,
                 outcome.hits,
                 plan.expand_window,
-                **scope.filters(),
+                scope=scope.rows(),
                 fields=scope.fields,
             )
     return outcome

@@ -19,9 +19,9 @@ from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
-from agentdb.filters import compile_filter
+from agentdb.filters import ReadScope, compile_filter
 from agentdb.ingest.pipeline import Document, IngestReport, ingest
-from agentdb.ingest.readers import Located
+from agentdb.ingest.readers import Located, json_objects
 from agentdb.scoped_reader import read
 from agentdb.sources import FieldSpec, Source, get_source, write_lexical
 
@@ -52,22 +52,8 @@ def _write_creating(
 def _records(body: bytes, content_type: str) -> list[Located]:
     """A JSON array of records, or NDJSON (one record a line; line numbers are kept for errors)."""
     if "ndjson" in content_type or "jsonl" in content_type:
-        located = []
-        for number, line in enumerate(body.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidParamValue(
-                    f"line {number}: invalid JSON: {exc}", path=f"body:{number}"
-                ) from None
-            if not isinstance(record, dict):
-                raise InvalidParamValue(
-                    f"line {number}: a record must be a JSON object", path=f"body:{number}"
-                )
-            located.append(Located("body", number, record))
-        return located
+        lines = json_objects(body.splitlines(), "a record", lambda n: f"line {n}", lambda n: f"body:{n}")
+        return [Located("body", number, record) for number, record in lines]
     try:
         records = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -223,7 +209,8 @@ def get_document(
         fields = check_fields(caller, None, path="fields")
     get_source(conn, name)
     with read_scope(conn, caller):
-        rows = read(conn, name, [doc_id], row_filter=caller.row_filter if caller else None, fields=fields)
+        scope = ReadScope(row_filter=caller.row_filter if caller else None)
+        rows = read(conn, name, [doc_id], scope=scope, fields=fields)
     if not rows:
         raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
     return DocumentOut(

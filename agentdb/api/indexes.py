@@ -16,7 +16,6 @@ from typing import Any, Literal
 import orjson
 import psycopg
 from fastapi import APIRouter, Depends, Query, Request
-from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +23,7 @@ from agentdb.api.access import principal, read_principal
 from agentdb.api.routing import DatabaseRoute, connection, read_connection
 from agentdb.auth import Principal, check_table, check_tool, read_scope
 from agentdb.errors import Forbidden, InvalidParamValue
+from agentdb.filters import ReadScope
 from agentdb.indexes import (
     IndexInfo,
     add_edges,
@@ -215,8 +215,8 @@ def _check_edge_keys(conn: psycopg.Connection[Any], caller: Principal, name: str
     with read_scope(conn, caller):
         rows = conn.execute(
             "select distinct r.ord from agentdb.read(source => %s, keys => %s, chunk_from => %s,"
-            " chunk_to => %s, row_filter => %s) r",
-            (name, keys, [0] * len(keys), [0] * len(keys), Jsonb(caller.row_filter)),
+            " chunk_to => %s, scope => %s) r",
+            (name, keys, [0] * len(keys), [0] * len(keys), ReadScope(row_filter=caller.row_filter).value()),
         ).fetchall()
     visible = {keys[r[0] - 1] for r in rows}
     for i, edge in enumerate(edges):
@@ -280,6 +280,6 @@ def node_neighbors(
             direction=direction,
             edge_types=edge_type,
             max=max,
-            row_filter=None if caller is None else caller.row_filter,
+            scope=ReadScope(row_filter=None if caller is None else caller.row_filter),
         )
     return [NeighborOut(key=n.key, edge_type=n.edge_type, weight=n.weight) for n in found]

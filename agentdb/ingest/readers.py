@@ -18,14 +18,14 @@ import decimal
 import gzip
 import io
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from agentdb.errors import StorageContentError, StorageFileNotFound
+from agentdb.errors import InvalidParamValue, StorageContentError, StorageFileNotFound
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -105,21 +105,40 @@ def _typed_json(located: Located, stated: Mapping[str, str]) -> Located:
     return replace(located, record=record)
 
 
+def _json_lines(lines: Iterable[bytes | str], what: str) -> Iterator[tuple[int, dict[str, Any], str | None]]:
+    """Each non-blank line of `lines` with its number (from 1): the JSON object it holds and None, or {} and
+    why it holds none (not JSON; not an object, `what` naming the object: "a record")."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            yield number, {}, f"invalid JSON: {exc}"
+            continue
+        if isinstance(value, dict):
+            yield number, value, None
+        else:
+            yield number, {}, f"{what} must be a JSON object"
+
+
+def json_objects(
+    lines: Iterable[bytes | str], what: str, label: Callable[[int], str], path: Callable[[int], str]
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON objects of `lines`, one a line (blank lines skipped), with their line numbers: an uploaded
+    NDJSON body or an edges file. A line that holds none is 3007 at `path(number)`, its message starting with
+    `label(number)`."""
+    for number, value, error in _json_lines(lines, what):
+        if error is not None:
+            raise InvalidParamValue(f"{label(number)}: {error}", path=path(number))
+        yield number, value
+
+
 def _read_jsonl(path: Path) -> Iterator[Located]:
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                yield Located(str(path), number, {}, error=f"invalid JSON: {exc}")
-                continue
-            if not isinstance(record, dict):
-                yield Located(str(path), number, {}, error="a record must be a JSON object")
-                continue
-            yield Located(str(path), number, record)
+        for number, record, error in _json_lines(handle, "a record"):
+            yield Located(str(path), number, record, error=error)
 
 
 def _plain(value: Any) -> Any:

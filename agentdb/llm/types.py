@@ -147,28 +147,9 @@ class UsageMeter:
         with self._lock:
             return self._usage
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        system: str | None = None,
-        tools: Sequence[ToolSpec] | None = None,
-        tool_choice: str | None = None,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        timeout: float | None = None,
-        cancel: threading.Event | None = None,
-        on_text: TextCallback | None = None,
-    ) -> Completion:
-        completion = self.model.complete(
-            messages,
-            system=system,
-            tools=tools,
-            tool_choice=tool_choice,
-            max_tokens=max_tokens,
-            timeout=timeout,
-            cancel=cancel,
-            on_text=on_text,
-        )
+    def complete(self, messages: Sequence[Message], **options: Any) -> Completion:
+        """The wrapped model's completion (`options` as Model.complete takes them), its usage counted."""
+        completion = self.model.complete(messages, **options)
         with self._lock:
             self._usage = self._usage + completion.usage
         return completion

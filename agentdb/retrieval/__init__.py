@@ -9,13 +9,12 @@ from typing import Any, Literal
 
 import numpy as np
 import psycopg
-from psycopg.types.json import Jsonb
 
 from agentdb.config import RRF_K
 from agentdb.db import run_sql
 from agentdb.embed import Embedder, load_embedder
 from agentdb.errors import AgentDBError, InvalidParamValue
-from agentdb.filters import to_json
+from agentdb.filters import ReadScope
 from agentdb.sources import get_source
 
 Mode = Literal["dense", "lexical", "hybrid"]
@@ -90,14 +89,6 @@ class Result:
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
-def _jsonb(value: Any, path: str) -> Jsonb | None:
-    """A filter as a jsonb parameter; one JSON cannot carry (an integer beyond 64 bits) is 3007 at its path."""
-    if value is None:
-        return None
-    to_json(value, path)
-    return Jsonb(value)
-
-
 def retrieve(
     conn: psycopg.Connection[Any],
     source: str,
@@ -140,10 +131,9 @@ def retrieve(
         conn,
         "select agentdb.retrieve(source => %(source)s, query => %(query)s, query_embedding => %(query_embedding)s,"
         " mode => %(mode)s, top_k => %(top_k)s, rrf_k => %(rrf_k)s, threshold => %(threshold)s,"
-        " filter => %(filter)s, model => %(model)s, group_by_doc => %(group_by_doc)s, ef_search => %(ef_search)s,"
-        " candidates => %(candidates)s, row_filter => %(row_filter)s, fields => %(fields)s,"
-        " filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s, fusion => %(fusion)s,"
-        " alpha => %(alpha)s, output_results => %(output_results)s)",
+        " scope => %(scope)s, model => %(model)s, group_by_doc => %(group_by_doc)s, ef_search => %(ef_search)s,"
+        " candidates => %(candidates)s, fields => %(fields)s, fusion => %(fusion)s, alpha => %(alpha)s,"
+        " output_results => %(output_results)s)",
         {
             "source": source,
             "query": query,
@@ -152,15 +142,12 @@ def retrieve(
             "top_k": top_k,
             "rrf_k": rrf_k,
             "threshold": threshold,
-            "filter": _jsonb(filter, "filter"),
+            "scope": ReadScope(filter, filter_query, exclusion_query, row_filter).value(),
             "model": model,
             "group_by_doc": group_by_doc,
             "ef_search": ef_search,
             "candidates": candidates,
-            "row_filter": _jsonb(row_filter, "row_filter"),
             "fields": fields,
-            "filter_query": _jsonb(filter_query, "filter_query"),
-            "exclusion_query": _jsonb(exclusion_query, "exclusion_query"),
             "fusion": fusion,
             "alpha": alpha,
             "output_results": output_results,

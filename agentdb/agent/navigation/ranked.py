@@ -84,8 +84,7 @@ def ranked_walk(
             " start_nodes => %(start_nodes)s, max_depth => %(max_depth)s, beam_width => %(beam_width)s,"
             " max_nodes => %(max_nodes)s, top_k => %(top_k)s, mode => %(mode)s, threshold => %(threshold)s,"
             " rrf_k => %(rrf_k)s, fusion => %(fusion)s, alpha => %(alpha)s, scoring => %(scoring)s,"
-            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
-            " row_filter => %(row_filter)s, fields => %(fields)s, links_index => %(links_index)s, progress => true)",
+            " scope => %(scope)s, fields => %(fields)s, links_index => %(links_index)s, progress => true)",
             {
                 "source": scope.source,
                 "index": options.index,
@@ -106,7 +105,7 @@ def ranked_walk(
                 "scoring": options.scoring,
                 "fields": scope.fields,
                 "links_index": options.links_index,
-                **scope.json_filters(),
+                "scope": scope.rows().value(),
             },
         )
     except psycopg.errors.QueryCanceled:

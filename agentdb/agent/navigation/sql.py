@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from agentdb.agent.navigation.options import NEIGHBORS_MAX
 from agentdb.db import run_sql
+from agentdb.filters import ReadScope
 from agentdb.scoped_reader import read
 from navigation import Direction, Node
 
@@ -29,16 +29,18 @@ class Scope:
     row_filter: dict[str, Any] | None = None
     fields: list[str] | None = None
 
+    def rows(self) -> ReadScope:
+        """Which rows it reads: the query filters and the row filter."""
+        return ReadScope(self.filter, self.filter_query, self.exclusion_query, self.row_filter)
+
     def filters(self) -> dict[str, Any]:
+        """The filters as keyword arguments of agentdb.retrieval.retrieve."""
         return {
             "filter": self.filter,
             "filter_query": self.filter_query,
             "exclusion_query": self.exclusion_query,
             "row_filter": self.row_filter,
         }
-
-    def json_filters(self) -> dict[str, Jsonb | None]:
-        return {k: None if v is None else Jsonb(v) for k, v in self.filters().items()}
 
 
 class SqlNodes:
@@ -49,7 +51,7 @@ class SqlNodes:
 
     def read(self, keys: Sequence[str]) -> list[Node]:
         s = self.scope
-        rows = read(s.conn, s.source, keys, chunk_to=[0] * len(keys), fields=s.fields, **s.filters())
+        rows = read(s.conn, s.source, keys, chunk_to=[0] * len(keys), scope=s.rows(), fields=s.fields)
         return [Node(r.doc_id, r.title or "", r.text or "", r.metadata) for r in rows]
 
 
@@ -69,8 +71,7 @@ class SqlEdges:
             self.scope.conn,
             "select key, edge_type from agentdb.neighbors(source => %(source)s, index => %(index)s,"
             " node => %(key)s, direction => %(direction)s, edge_types => %(edge_types)s, max => %(max)s,"
-            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
-            " row_filter => %(row_filter)s)",
+            " scope => %(scope)s)",
             {
                 "source": self.scope.source,
                 "index": self.index,
@@ -79,7 +80,7 @@ class SqlEdges:
                 "edge_types": None if edge_types is None else list(edge_types),
                 # a walk asks for more to make up for the nodes it excludes: never past the function's bound
                 "max": min(limit, NEIGHBORS_MAX),
-                **self.scope.json_filters(),
+                "scope": self.scope.rows().value(),
             },
         )
         return [(k, t) for k, t in rows]
@@ -91,10 +92,8 @@ class SqlEdges:
         """The visible roots of a tree index (documents no other document points to)."""
         rows = run_sql(
             self.scope.conn,
-            "select key from agentdb.index_roots(source => %(source)s, index => %(index)s,"
-            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
-            " row_filter => %(row_filter)s)",
-            {"source": self.scope.source, "index": self.index, **self.scope.json_filters()},
+            "select key from agentdb.index_roots(source => %(source)s, index => %(index)s, scope => %(scope)s)",
+            {"source": self.scope.source, "index": self.index, "scope": self.scope.rows().value()},
         )
         return [r[0] for r in rows]
 
@@ -119,8 +118,7 @@ class SqlScorer:
             s.conn,
             "select doc_id, rel from agentdb_internal.tree_walk_own(source => %(source)s, keys => %(keys)s,"
             " query => %(query)s, query_embedding => %(embedding)s, scale => %(scale)s, scoring => 'hybrid',"
-            " filter => %(filter)s, filter_query => %(filter_query)s, exclusion_query => %(exclusion_query)s,"
-            " row_filter => %(row_filter)s, fields => %(fields)s)",
+            " scope => %(scope)s, fields => %(fields)s)",
             {
                 "source": s.source,
                 "keys": list(keys),
@@ -128,7 +126,7 @@ class SqlScorer:
                 "embedding": self.embedding,
                 "scale": self.lexical_scale,
                 "fields": s.fields,
-                **s.json_filters(),
+                "scope": s.rows().value(),
             },
         )
         return {key: rel for key, rel in rows}
