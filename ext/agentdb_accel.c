@@ -17,7 +17,9 @@
  * far holds could still rank). The remaining terms can only add to chunks already held: those whose score
  * plus the remaining bounds reach theta stay candidates, and each remaining term is added to them, by a scan
  * of its postings that skips blocks holding no candidate, or by one index probe a candidate when they are few
- * beside the term's postings. The result is the k best chunks by (score desc, chunk id) among every chunk
+ * beside the term's postings. The accumulator is a hash table while the essential terms are summed; the
+ * candidates leave it once, as an array in chunk order (a radix sort), which each scan merges with the blocks'
+ * postings and each pruning compacts in place. The result is the k best chunks by (score desc, chunk id) among every chunk
  * holding a query term, visible to the caller's filters or not: the caller applies them.
  *
  * Everything is allocated in a memory context of the call, deleted before it returns; nothing outlives it.
@@ -269,37 +271,55 @@ read_block(Postings *p, PostingBlock *out)
 	MemoryContextReset(p->scratch);
 }
 
-/*
- * Whether a chunk of [lo, hi] is among the sorted candidate ids `cands` (n of them); none given: always.
- */
-static inline bool
-range_holds(const int64 *cands, int n, int64 lo, int64 hi)
+/* A chunk and its score. */
+typedef struct Hit
 {
-	int			l = 0;
-	int			r = n;
+	int64		cid;
+	double		score;
+} Hit;
 
-	if (cands == NULL)
-		return true;
+/* The position of the first of the n hits (sorted by chunk id) whose chunk id is cid or more. */
+static inline int64
+lower_bound(const Hit *hits, int64 n, int64 cid)
+{
+	int64		l = 0;
+	int64		r = n;
+
 	while (l < r)
 	{
-		int			m = l + (r - l) / 2;
+		int64		m = l + (r - l) / 2;
 
-		if (cands[m] < lo)
+		if (hits[m].cid < cid)
 			l = m + 1;
 		else
 			r = m;
 	}
-	return l < n && cands[l] <= hi;
+	return l;
 }
 
 /*
- * Call `visit` on every block of term t's postings; blocks whose chunk range holds none of the sorted `cands`
- * (when given) are skipped undecoded.
+ * Whether a chunk of [lo, hi] is among the candidates `cands` (n of them, sorted by chunk id); none given:
+ * always.
+ */
+static inline bool
+range_holds(const Hit *cands, int64 n, int64 lo, int64 hi)
+{
+	int64		l;
+
+	if (cands == NULL)
+		return true;
+	l = lower_bound(cands, n, lo);
+	return l < n && cands[l].cid <= hi;
+}
+
+/*
+ * Call `visit` on every block of term t's postings; blocks whose chunk range holds none of the candidates
+ * `cands` (when given; sorted by chunk id) are skipped undecoded.
  */
 typedef void (*BlockVisitor) (void *arg, QueryTerm *t, const PostingBlock *block);
 
 static void
-scan_term(Postings *p, QueryTerm *t, const int64 *cands, int ncands, BlockVisitor visit, void *arg)
+scan_term(Postings *p, QueryTerm *t, const Hit *cands, int64 ncands, BlockVisitor visit, void *arg)
 {
 	ScanKeyData keys[2];
 	PostingBlock	   *block = palloc(sizeof(PostingBlock));
@@ -372,19 +392,40 @@ accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 	}
 }
 
-/* Remaining terms: postings add to the candidates only. */
-static void
-add_to_candidates(void *arg, QueryTerm *t, const PostingBlock *block)
+/*
+ * The chunks still in play once the essential terms are summed, sorted by chunk id, with their scores so far:
+ * the remaining terms add to them by a merge of each block's postings with this array (no hashing), and
+ * pruning keeps them in order (no sorting).
+ */
+typedef struct Held
 {
-	Accumulate *a = arg;
+	Hit		   *hit;
+	int64		n;
+	Postings   *p;
+} Held;
+
+/*
+ * Remaining terms: postings add to the held chunks only. A block's chunk ids usually ascend (a write through
+ * the SQL statements may store them in another order), so the position in the held array moves forward along
+ * the block, and is searched again when an id comes lower than the one before.
+ */
+static void
+add_to_held(void *arg, QueryTerm *t, const PostingBlock *block)
+{
+	Held	   *h = arg;
+	int64		pos = lower_bound(h->hit, h->n, block->cid[0]);
 	int			i;
 
 	for (i = 0; i < block->n; i++)
 	{
-		AccEntry   *e = acc_lookup(a->acc, block->cid[i]);
+		int64		cid = block->cid[i];
 
-		if (e != NULL)
-			e->score += contribution(a->p, t->wk, block->tf[i], block->dl[i]);
+		if (i > 0 && cid < block->cid[i - 1])
+			pos = lower_bound(h->hit, h->n, cid);
+		while (pos < h->n && h->hit[pos].cid < cid)
+			pos++;
+		if (pos < h->n && h->hit[pos].cid == cid)
+			h->hit[pos].score += contribution(h->p, t->wk, block->tf[i], block->dl[i]);
 	}
 }
 
@@ -446,6 +487,12 @@ round_score(double score)
  * theta: the k-th best score held (0 while fewer are held), a hair lower, relatively and by more than the
  * rounding grid, so that neither float rounding nor the rounding of scores drops a tie.
  */
+static inline double
+below(double kth)
+{
+	return kth * (1 - 1e-9) - 1 / SCORE_GRID;
+}
+
 static double
 threshold(acc_hash *acc, int64 k, double *buf)
 {
@@ -461,14 +508,21 @@ threshold(acc_hash *acc, int64 k, double *buf)
 		CHECK_FOR_INTERRUPTS();
 		buf[n++] = e->score;
 	}
-	return kth_largest(buf, n, k) * (1 - 1e-9) - 1 / SCORE_GRID;
+	return below(kth_largest(buf, n, k));
 }
 
-typedef struct Hit
+/* theta over the held chunks; buf holds at least h->n scores. */
+static double
+held_threshold(const Held *h, int64 k, double *buf)
 {
-	int64		cid;
-	double		score;
-} Hit;
+	int64		i;
+
+	if (h->n < k)
+		return 0;
+	for (i = 0; i < h->n; i++)
+		buf[i] = h->hit[i].score;
+	return below(kth_largest(buf, h->n, k));
+}
 
 static int
 hit_order(const void *a, const void *b)
@@ -481,13 +535,61 @@ hit_order(const void *a, const void *b)
 	return x->cid < y->cid ? -1 : (x->cid > y->cid ? 1 : 0);
 }
 
-static int
-int64_order(const void *a, const void *b)
-{
-	int64		x = *(const int64 *) a;
-	int64		y = *(const int64 *) b;
+/*
+ * The n hits sorted by chunk id (distinct): a least-significant-digit radix sort of the ids' offsets from the
+ * lowest, RADIX_BITS a pass (two passes for a range of up to four million ids), in linear time.
+ */
+#define RADIX_BITS 11
 
-	return x < y ? -1 : (x > y ? 1 : 0);
+static void
+sort_hits_by_cid(Hit *hits, int64 n)
+{
+	Hit		   *from = hits;
+	Hit		   *to;
+	int64		lo = PG_INT64_MAX;
+	int64		hi = PG_INT64_MIN;
+	uint64		span;
+	int			shift;
+	int64		i;
+
+	if (n < 2)
+		return;
+	for (i = 0; i < n; i++)
+	{
+		lo = Min(lo, hits[i].cid);
+		hi = Max(hi, hits[i].cid);
+	}
+	span = (uint64) hi - (uint64) lo;
+	to = palloc(sizeof(Hit) * n);
+	for (shift = 0; shift < 64 && (span >> shift) != 0; shift += RADIX_BITS)
+	{
+		int64		start[1 << RADIX_BITS] = {0};
+		int64		sum = 0;
+		Hit		   *swap;
+		int			d;
+
+		CHECK_FOR_INTERRUPTS();
+		for (i = 0; i < n; i++)
+			start[(((uint64) from[i].cid - (uint64) lo) >> shift) & ((1 << RADIX_BITS) - 1)]++;
+		for (d = 0; d < (1 << RADIX_BITS); d++)
+		{
+			int64		c = start[d];
+
+			start[d] = sum;
+			sum += c;
+		}
+		for (i = 0; i < n; i++)
+			to[start[(((uint64) from[i].cid - (uint64) lo) >> shift) & ((1 << RADIX_BITS) - 1)]++] = from[i];
+		swap = from;
+		from = to;
+		to = swap;
+	}
+	if (from != hits)
+	{
+		memcpy(hits, from, sizeof(Hit) * n);
+		to = from;
+	}
+	pfree(to);
 }
 
 static int
@@ -501,32 +603,44 @@ term_order(const void *a, const void *b)
 	return x->df < y->df ? -1 : (x->df > y->df ? 1 : 0);
 }
 
-/* Drop the held chunks whose score plus `bound` stays below theta; the kept ids, sorted, into *ids. */
-static int64
-prune(acc_hash **acc, double bound, double theta, int64 **ids)
+/*
+ * The chunks of the accumulator whose score plus `bound` reaches theta, sorted by chunk id when `sorted` (the
+ * remaining terms merge with them in that order).
+ */
+static void
+hold(acc_hash *acc, double bound, double theta, bool sorted, Held *h)
 {
 	acc_iterator it;
 	AccEntry   *e;
-	acc_hash   *kept = acc_create(CurrentMemoryContext, Max((*acc)->members, 16), NULL);
-	int64		n = 0;
 
-	*ids = palloc(sizeof(int64) * Max((*acc)->members, 1));
-	acc_start_iterate(*acc, &it);
-	while ((e = acc_iterate(*acc, &it)) != NULL)
+	h->hit = palloc(sizeof(Hit) * Max(acc->members, 1));
+	h->n = 0;
+	acc_start_iterate(acc, &it);
+	while ((e = acc_iterate(acc, &it)) != NULL)
 	{
 		CHECK_FOR_INTERRUPTS();
 		if (e->score + bound >= theta)
 		{
-			bool		found;
-
-			acc_insert(kept, e->cid, &found)->score = e->score;
-			(*ids)[n++] = e->cid;
+			h->hit[h->n].cid = e->cid;
+			h->hit[h->n].score = e->score;
+			h->n++;
 		}
 	}
-	acc_destroy(*acc);
-	*acc = kept;
-	qsort(*ids, n, sizeof(int64), int64_order);
-	return n;
+	if (sorted)
+		sort_hits_by_cid(h->hit, h->n);
+}
+
+/* Drop the held chunks whose score plus `bound` stays below theta, keeping the others in order. */
+static void
+prune_held(Held *h, double bound, double theta)
+{
+	int64		i;
+	int64		n = 0;
+
+	for (i = 0; i < h->n; i++)
+		if (h->hit[i].score + bound >= theta)
+			h->hit[n++] = h->hit[i];
+	h->n = n;
 }
 
 static ArrayType *
@@ -581,13 +695,9 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	int			i;
 	int			j;
 	Accumulate	arg;
-	Hit		   *hits;
+	Held		held;
 	int64		nhits = 0;
 	int64		h;
-	acc_iterator it;
-	AccEntry   *e;
-	int64	   *ids = NULL;
-	int64		nids = 0;
 	PostingBlock	   *block;
 
 	for (i = 0; i < 11; i++)
@@ -642,8 +752,11 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	for (i = nterms - 1; i >= 0; i--)
 		after[i] = after[i + 1] + qt[i].ub;
 
-	/* Essential terms: summed while a chunk none of them holds could still reach theta. */
-	acc = acc_create(work, 1024, NULL);
+	/*
+	 * Essential terms: summed while a chunk none of them holds could still reach theta. The accumulator starts
+	 * at the size the first two terms can fill (it grows by rehashing every entry).
+	 */
+	acc = acc_create(work, Max(1024, Min(qt[0].df + (nterms > 1 ? qt[1].df : 0), PG_INT32_MAX / 2)), NULL);
 	arg.acc = acc;
 	arg.p = &p;
 	buf = NULL;
@@ -656,46 +769,45 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		theta = threshold(acc, k, buf);
 	}
 
-	/* The rest: added to the chunks that can still reach theta, which rises as they do. */
+	/*
+	 * The rest: added to the chunks that can still reach theta, which rises as they do. theta's buffer holds
+	 * the accumulator's scores, as many as the held chunks or more.
+	 */
+	hold(acc, after[i], theta, i < nterms, &held);
+	acc_destroy(acc);
+	held.p = &p;
 	for (j = i; j < nterms; j++)
 	{
-		nids = prune(&acc, after[j], theta, &ids);
-		arg.acc = acc;
-		if (nids * PROBE_SHARE < qt[j].df)
+		if (j > i)
+			prune_held(&held, after[j], theta);
+		if (held.n * PROBE_SHARE < qt[j].df)
 		{
 			block = palloc(sizeof(PostingBlock));
-			for (h = 0; h < nids; h++)
+			for (h = 0; h < held.n; h++)
 			{
-				AccEntry   *x = acc_lookup(acc, ids[h]);
-
 				CHECK_FOR_INTERRUPTS();
-				x->score += probe(&p, &qt[j], ids[h], block);
+				held.hit[h].score += probe(&p, &qt[j], held.hit[h].cid, block);
 			}
 			pfree(block);
 		}
 		else
-			scan_term(&p, &qt[j], ids, (int) Min(nids, PG_INT32_MAX), add_to_candidates, &arg);
-		pfree(ids);
-		pfree(buf);
-		buf = palloc(sizeof(double) * Max(acc->members, 1));
-		theta = threshold(acc, k, buf);
+			scan_term(&p, &qt[j], held.hit, held.n, add_to_held, &held);
+		theta = held_threshold(&held, k, buf);
 	}
 	postings_close(&p);
 
 	/* The best k held, by score and chunk id. */
-	hits = palloc(sizeof(Hit) * Max(acc->members, 1));
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	for (h = 0; h < held.n; h++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (e->score >= theta)
+		if (held.hit[h].score >= theta)
 		{
-			hits[nhits].cid = e->cid;
-			hits[nhits].score = round_score(e->score);
+			held.hit[nhits].cid = held.hit[h].cid;
+			held.hit[nhits].score = round_score(held.hit[h].score);
 			nhits++;
 		}
 	}
-	qsort(hits, nhits, sizeof(Hit), hit_order);
+	qsort(held.hit, nhits, sizeof(Hit), hit_order);
 
 	MemoryContextSwitchTo(old);
 	for (h = 0; h < Min(nhits, k); h++)
@@ -703,8 +815,8 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		values[0] = Int64GetDatum(hits[h].cid);
-		values[1] = Float8GetDatum(hits[h].score);
+		values[0] = Int64GetDatum(held.hit[h].cid);
+		values[1] = Float8GetDatum(held.hit[h].score);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	MemoryContextDelete(work);
