@@ -38,6 +38,7 @@ from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.filters import ReadScope
 from agentdb.indexes import add_edges, create_index, neighbors
 from agentdb.memory import (
     StoreSpec,
@@ -852,7 +853,11 @@ def test_graph_navigation_on_a_distributed_source_answers_as_one_node(
             found = [written]
             for key in ("d0", "d7", "d19", "d33"):
                 for direction in ("out", "in", "both"):
-                    for options in ({}, {"edge_types": ["cites"]}, {"filter": {"team": "t1"}}):
+                    for options in (
+                        {},
+                        {"edge_types": ["cites"]},
+                        {"scope": ReadScope(filter={"team": "t1"})},
+                    ):
                         found.append(
                             neighbors(conn, "linked", "links", key, direction=direction, max=20, **options)
                         )
