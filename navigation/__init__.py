@@ -36,7 +36,6 @@ from navigation.protocols import (
 from navigation.render import (
     neutralise,
     render_candidate,
-    render_candidates,
     render_document,
     render_rules,
     snippet,
@@ -95,7 +94,6 @@ __all__ = [
     "neutralise",
     "rank_tree",
     "render_candidate",
-    "render_candidates",
     "render_document",
     "render_rules",
     "run_agentic",

@@ -73,12 +73,6 @@ def render_candidate(candidate: Candidate, *, chars: int = SNIPPET_CHARS, with_t
     return f"<candidate {' '.join(attrs)}>{body}</candidate>"
 
 
-def render_candidates(candidates: Sequence[Candidate], *, chars: int = SNIPPET_CHARS) -> str:
-    """A `<candidates>` block with one line per candidate."""
-    inner = [render_candidate(c, chars=chars) for c in candidates]
-    return "\n".join(["<candidates>", *inner, "</candidates>"])
-
-
 def render_rules(rules: Sequence[str]) -> str:
     """The accumulated workflow rules as a `<rules>` block, one `<rule>` each (empty when there are none)."""
     if not rules:
