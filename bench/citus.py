@@ -369,7 +369,7 @@ def synthetic_records(
     from agentdb.ingest.readers import Located
 
     sentences, neighbours = related_documents(dataset, 5)
-    texts = real_texts(np.random.default_rng([seed, size, 1]), sentences, neighbours, size, 60, 200)
+    texts = real_texts(np.random.default_rng([seed, size, 1]), sentences, neighbours, size, 80, 240)
     vectors = unit_vectors(np.random.default_rng([seed, size, 2]), size)
 
     def records() -> Any:
@@ -385,6 +385,22 @@ def synthetic_records(
         return q / np.linalg.norm(q, axis=1, keepdims=True)
 
     return records, query_vectors
+
+
+class PrecomputedVectors:
+    """The embedder of a corpus whose records carry their vectors: it names the model (the source is created
+    for it, as by any first ingest) and embeds nothing."""
+
+    model_name = "all-MiniLM-L6-v2"
+    dim = 384
+    backend = "precomputed"
+    misses = 0
+
+    def embed(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
+        raise AssertionError("every synthetic record carries its vector")
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        raise AssertionError("every synthetic record is one chunk")
 
 
 def time_modes(
@@ -611,6 +627,9 @@ def main() -> int:
         "--synthetic", type=int, default=0, help="also N scifact-text chunks (bench/scale.py's)"
     )
     parser.add_argument("--synthetic-queries", type=int, default=200)
+    parser.add_argument(
+        "--reuse-scifact", action="store_true", help="keep the SciFact results of bench/results/citus.json"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--no-progress", action="store_true")
@@ -690,36 +709,39 @@ def main() -> int:
             path.write_text(json.dumps(out, indent=2) + "\n")
             print(f"wrote {path.relative_to(ROOT)}")
 
-        hits, different = compare_hits(conns, SCIFACT_SOURCE, texts, qvecs, DEPTH, not args.no_progress)
-        failed |= report_differences(different, texts, qids)
-        ndcg = {
-            mode: {
-                system: ndcg_at(
-                    {
-                        q: pool_by_document((d, s) for d, _, s in h)
-                        for q, h in zip(qids, hits[mode][system], strict=True)
-                    },
-                    {q: qrels[q] for q in qids},
-                    10,
-                )
-                for system in SYSTEMS
+        if args.reuse_scifact:  # the SciFact part of the last run, to measure only the synthetic corpus
+            scifact = json.loads((RESULTS / "citus.json").read_text())["results"]["scifact"]
+        else:
+            hits, different = compare_hits(conns, SCIFACT_SOURCE, texts, qvecs, DEPTH, not args.no_progress)
+            failed |= report_differences(different, texts, qids)
+            ndcg = {
+                mode: {
+                    system: ndcg_at(
+                        {
+                            q: pool_by_document((d, s) for d, _, s in h)
+                            for q, h in zip(qids, hits[mode][system], strict=True)
+                        },
+                        {q: qrels[q] for q in qids},
+                        10,
+                    )
+                    for system in SYSTEMS
+                }
+                for mode in MODES
             }
-            for mode in MODES
-        }
-        for mode in MODES:
-            print(
-                f"SciFact nDCG@10 {mode}: one node {ndcg[mode]['one node']:.4f}, cluster {ndcg[mode]['cluster']:.4f}"
-            )
-        scifact = {
-            "documents": N_DOCS,
-            "chunks": loads["one node"]["chunks"],
-            "queries": len(qids),
-            "load": loads,
-            "ndcg10": ndcg,
-            "differing_queries": {mode: len(rows) for mode, rows in different.items()},
-            "differences": different,
-            **measure("SciFact", urls, conns, workers, SCIFACT_SOURCE, texts, qvecs, args),
-        }
+            for mode in MODES:
+                print(
+                    f"SciFact nDCG@10 {mode}: one node {ndcg[mode]['one node']:.4f}, cluster {ndcg[mode]['cluster']:.4f}"
+                )
+            scifact = {
+                "documents": N_DOCS,
+                "chunks": loads["one node"]["chunks"],
+                "queries": len(qids),
+                "load": loads,
+                "ndcg10": ndcg,
+                "differing_queries": {mode: len(rows) for mode, rows in different.items()},
+                "differences": different,
+                **measure("SciFact", urls, conns, workers, SCIFACT_SOURCE, texts, qvecs, args),
+            }
         results: dict[str, Any] = {"scifact": scifact}
         write(results)  # again at the end; kept if a later part fails
         print_corpus(f"SciFact: {N_DOCS} documents, {scifact['chunks']} chunks, {len(qids)} queries", scifact)
@@ -727,7 +749,9 @@ def main() -> int:
         if args.synthetic:
             records, query_vectors = synthetic_records(args.synthetic, args.seed, args.dataset)
             synth_loads = {
-                system: load(conns[system], system, SYNTHETIC_SOURCE, args.synthetic, records, None)
+                system: load(
+                    conns[system], system, SYNTHETIC_SOURCE, args.synthetic, records, PrecomputedVectors()
+                )
                 for system in SYSTEMS
             }
             n = args.synthetic_queries
@@ -738,8 +762,13 @@ def main() -> int:
             failed |= report_differences(synth_different, stexts, qids)
             synthetic = {
                 "chunks": args.synthetic,
-                "corpus": "scifact-text (bench/scale.py real_texts, 60 to 200 words, 5 related abstracts)",
+                "corpus": "scifact-text (bench/scale.py real_texts, 80 to 240 words, 5 related abstracts)",
                 "queries": n,
+                "settings": {
+                    "timing_passes": args.repeat,
+                    "throughput_seconds": args.seconds,
+                    "fanout_queries": args.fanout_queries,
+                },
                 "load": synth_loads,
                 "differing_queries": {mode: len(rows) for mode, rows in synth_different.items()},
                 "differences": synth_different,
