@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import threading
 import time
@@ -67,8 +66,6 @@ SYSTEMS = ("one node", "cluster")
 DEPTH = 100  # the quality run: top 100 grouped by document, as bench/scifact.py
 TOP_K = 10  # latency, throughput and fan-out
 CLIENTS = (1, 8)
-PROJECTED_CHUNKS = 100_000_000
-PROJECTED_MACHINES = (4, 16, 64)
 SCORE_TOLERANCE = 1e-9
 SHARD_NAME = re.compile(r"_\d{6,}\b")  # a shard's table: the distributed table's name and the shard id
 SERVER = re.compile(r"@(?P<host>.*):(?P<port>\d+) connectionId")
@@ -549,71 +546,6 @@ def print_corpus(label: str, out: dict[str, Any]) -> None:
     )
 
 
-def projection(points: list[tuple[float, dict[str, Any]]], cores: int) -> dict[str, Any]:
-    """What machines like this one would give for PROJECTED_CHUNKS, from the fan-out measured at two shard sizes
-    (`points`: chunks per shard, fan-out by mode). Per mode, two lines through the points: a query's shard
-    critical path (the slowest shard of each step, summed over steps) and one shard's work per query (the sum
-    over shards over the shard count), against chunks per shard. For M machines of `cores` cores the source is
-    cut into cores x M shards (one per core; more than today's 8), so a shard holds PROJECTED_CHUNKS / (cores x
-    M) chunks. Latency: the critical path at that size plus the coordinator's rest, as measured at 8 shards
-    (low) and grown in proportion to the shards (high). Throughput: every core works on its shard for every
-    query, so cores x M / (cores x M x work) = 1 / work per second, whatever M."""
-    (n1, small), (n2, large) = sorted(points, key=lambda p: p[0])[:2]
-
-    def line(y1: float, y2: float) -> tuple[float, float]:
-        slope = (y2 - y1) / (n2 - n1)
-        return y1 - slope * n1, slope
-
-    out: dict[str, Any] = {
-        "chunks": PROJECTED_CHUNKS,
-        "cores_per_machine": cores,
-        "measured_chunks_per_shard": [round(n1), round(n2)],
-        "machines": {},
-    }
-    for mode in MODES:
-        a_crit, b_crit = line(
-            small[mode]["slowest_shard_per_step_ms_p50"], large[mode]["slowest_shard_per_step_ms_p50"]
-        )
-        a_work, b_work = line(
-            small[mode]["sum_over_shards_ms_p50"] / SHARDS, large[mode]["sum_over_shards_ms_p50"] / SHARDS
-        )
-        rest = large[mode]["coordinator_rest_ms_p50"]
-        for machines in PROJECTED_MACHINES:
-            shards = cores * machines
-            per_shard = PROJECTED_CHUNKS / shards
-            critical = a_crit + b_crit * per_shard
-            work = a_work + b_work * per_shard
-            out["machines"].setdefault(str(machines), {})[mode] = {
-                "shards": shards,
-                "chunks_per_shard": round(per_shard),
-                "latency_ms_low": round(critical + rest, 1),
-                "latency_ms_high": round(critical + rest * shards / SHARDS, 1),
-                "shard_work_ms": round(work, 1),
-                "qps": round(1000 / work, 2),
-            }
-    return out
-
-
-def print_projection(proj: dict[str, Any]) -> None:
-    rows = [
-        [
-            machines,
-            mode,
-            p["shards"],
-            p["chunks_per_shard"],
-            f"{p['latency_ms_low']:.0f} to {p['latency_ms_high']:.0f}",
-            f"{p['qps']:.2f}",
-        ]
-        for machines, by_mode in proj["machines"].items()
-        for mode, p in by_mode.items()
-    ]
-    print(
-        f"\nprojection for {proj['chunks']:,} chunks on machines of {proj['cores_per_machine']} cores, from shards of "
-        f"{proj['measured_chunks_per_shard'][0]} and {proj['measured_chunks_per_shard'][1]} chunks (linear in the shard size):"
-    )
-    print(format_table(["machines", "mode", "shards", "chunks/shard", "latency ms", "q/s"], rows, left=2))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", type=Path, default=SCIFACT)
@@ -794,15 +726,6 @@ def main() -> int:
                     else ""
                 )
             )
-        if args.synthetic:
-            results["projection"] = projection(
-                [
-                    (scifact["chunks"] / SHARDS, scifact["fanout"]),
-                    (args.synthetic / SHARDS, results["synthetic"]["fanout"]),
-                ],
-                os.cpu_count() or 1,
-            )
-            print_projection(results["projection"])
         write(results)
         for conn in conns.values():
             conn.close()
