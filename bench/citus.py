@@ -119,11 +119,7 @@ def load(
         return {**json.loads(saved.read_text()), "reused": True}
     for _ in range(2):
         if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
-            # On a coordinator drop_source fails without it ("cannot modify table "sources" because there was
-            # a parallel operation on a distributed table"); a no-op elsewhere.
-            conn.execute("set citus.multi_shard_modify_mode = 'sequential'")
             drop_source(conn, name)
-            conn.execute("reset citus.multi_shard_modify_mode")
         computed = embedder.misses if embedder is not None else 0
         load_before = machine_facts()["load_average_1m"]
         report = ingest(conn, name, records(), embedder)

@@ -50,7 +50,7 @@ from agentdb.memory import (
     write_records,
     write_relations,
 )
-from agentdb.sources import FieldSpec, create_document_source
+from agentdb.sources import FieldSpec, create_document_source, drop_source
 
 
 def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -382,6 +382,43 @@ def test_a_distributed_source_answers_as_one_node(
         ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
     ]
     _same_hits(_answers(coordinator, queries), _answers(db_url, queries))
+
+
+def test_a_distributed_source_is_dropped_whole(
+    citus_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropping a distributed source removes its table from every node, its postings from every shard and its
+    catalog row, in one transaction (Citus needs its shard writes sequential there), and its statistics with them."""
+    corpus = tmp_path / "dropped.jsonl"
+    _random_corpus(corpus, seed=21, count=12)
+    coordinator = _coordinator_url(citus_cluster)
+    monkeypatch.setenv("DATABASE_URL", coordinator)
+    assert main(["ingest", "dropped", str(corpus)]) == 0
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        configure(conn)
+        source_id = conn.execute("select id from agentdb.sources where name = 'dropped'").fetchone()[0]
+        assert (
+            conn.execute(
+                "select count(*) from agentdb.postings where source_id = %s", (source_id,)
+            ).fetchone()[0]
+            > 0
+        )
+        drop_source(conn, "dropped")
+        for table in ("agentdb.postings", "agentdb.term_stats", "agentdb.corpus_stats"):
+            left = conn.execute(
+                sql.SQL("select count(*) from {} where source_id = %s").format(sql.SQL(table)), (source_id,)
+            ).fetchone()
+            assert left == (0,), table
+        assert conn.execute("select count(*) from agentdb.sources where name = 'dropped'").fetchone() == (0,)
+        assert conn.execute(
+            "select count(*) from agentdb.postings where source_id = %s", (source_id,)
+        ).fetchone() == (0,)
+    for url in _node_urls(citus_cluster):
+        with psycopg.connect(url, autocommit=True) as node:
+            tables = node.execute(
+                "select count(*) from pg_class where relname like 'dropped%' and relkind = 'r'"
+            ).fetchone()
+            assert tables == (0,)
 
 
 def _same_hits(cluster: list[Any], one_node: list[Any], scores_from: int = 3, scores_to: int = 6) -> None:

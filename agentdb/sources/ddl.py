@@ -151,6 +151,10 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
     columns and triggers."""
     source = get_source(conn, name)
     with conn.transaction():
+        if source.distributed:
+            # Citus refuses to write the reference catalog after the parallel shard drops of one transaction
+            # ("cannot modify table sources because there was a parallel operation on a distributed table").
+            conn.execute("set local citus.multi_shard_modify_mode = 'sequential'")
         if source.kind == "documents":
             conn.execute(sql.SQL("drop table {}").format(source.table))
             if source.distributed:  # its postings do not reference the catalog (agentdb/db/distribute.py)
