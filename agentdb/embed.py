@@ -1,7 +1,7 @@
 """Embedders: the bundled offline all-MiniLM-L6-v2 (never a network call) and user-supplied vectors.
 
 The bundled model runs on one of two backends, chosen by `Settings.embed_backend` (AGENTDB_EMBED_BACKEND):
-"onnx" (int8 ONNX Runtime, `agentdb.embed_onnx`, about 3x faster on CPU), "torch" (sentence-transformers)
+"onnx" (int8 ONNX Runtime, `agentdb.embed_onnx`, faster on CPU), "torch" (sentence-transformers)
 or "auto" (onnx, and torch with a warning when the ONNX export cannot be made). Both give the same model's
 vectors (cosine >= 0.99 with each other), so a source's `embedding_model` does not change with the backend.
 """
@@ -95,8 +95,8 @@ _load_lock = threading.Lock()
 def load_embedder(
     model_name: str = DEFAULT_MODEL, *, backend: str | None = None, cache_dir: Path | None = None
 ) -> Embedder:
-    """The embedder for `model_name`, loaded once per process and backend (about 5 s for MiniLM; the
-    first ONNX use also exports the model, about 15 s, cached in `cache_dir`, by default
+    """The embedder for `model_name`, loaded once per process and backend (loading takes seconds; the
+    first ONNX use also exports the model, once, cached in `cache_dir`, by default
     `<data_dir>/models`). `backend` defaults to the settings' `embed_backend`."""
     if backend is None and (model_name, "") in _loaded:
         return _loaded[(model_name, "")]  # the per-query path: no settings read

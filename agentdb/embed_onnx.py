@@ -7,8 +7,8 @@ extra package), ONNX Runtime's transformer optimizer fuses attention, GELU and l
 float, see VARIANTS; the default keeps two, FLOAT_FFN_OUT_LAYERS), checked against PyTorch before use.
 Nothing is downloaded. A process exports into a private temporary folder under a file lock and renames it
 into place, so a crash or a second process never sees half a model. Embedding needs only `tokenizers`,
-`onnxruntime` and numpy: torch is imported only to export, so a process whose model is cached starts in
-half a second. The other variants (fp32, int8 with more layers in float) are measured side by side by
+`onnxruntime` and numpy: torch is imported only to export, so a process whose model is cached starts
+without loading it. The other variants (fp32, int8 with more layers in float) are measured side by side by
 bench/embedders.py.
 """
 
@@ -68,9 +68,8 @@ def _embeddings_and_ffn_out(layers: tuple[int, ...]) -> Callable[[Any], bool]:
 
 
 # Feed-forward output projections left in float: their inputs (GELU outputs) have the widest range, so
-# per-tensor activation quantisation costs them the most. Measured on 150 SciFact abstracts and 150
-# queries against PyTorch: quantising all of them gave cosine min 0.9907 (mean 0.9947); keeping layers 0
-# and 2 in float 0.9924 (0.9956) at the same speed; keeping all six 0.9947 (0.9975) but 30% slower.
+# per-tensor activation quantisation costs them the most. Keeping layers 0 and 2 in float brings the
+# vectors closer to PyTorch's at no cost in speed; keeping all six closer still, but slower (bench/LOG.md).
 FLOAT_FFN_OUT_LAYERS = (0, 2)
 VARIANTS = {
     v.name: v
@@ -375,8 +374,8 @@ def _session(path: Path, *, threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Idle worker threads sleep instead of spinning: the database and the server share these cores
-    # (measured: a one-query embedding took 8 ms with spinning on a busy 2-core machine, 2 ms without).
+    # Idle worker threads sleep instead of spinning: the database and the server share these cores, and a
+    # spinning thread takes them from the work a query waits on.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -400,12 +399,11 @@ class OnnxMiniLMEmbedder:
     (`variant`, one of VARIANTS): CPU, 384 dims, normalised, input truncated at 256 word pieces like the
     PyTorch embedder.
 
-    Each text runs alone (no padding), one text per core at a time, longest first. Two reasons, both
-    measured on 2 cores: dynamic int8 scales each activation tensor by its own range, so in a padded batch
-    a text's vector would depend on its neighbours (up to 0.02 per component), while alone it is the same
-    whatever it is embedded with; and one single-threaded run per core embedded SciFact abstracts at 42/s
-    against 25-27/s for one two-thread run over the same texts, alone or in length-sorted batches of 32
-    (a busy machine hurts the two-thread run's per-operator barrier most)."""
+    Each text runs alone (no padding), one text per core at a time, longest first. Two reasons: dynamic
+    int8 scales each activation tensor by its own range, so in a padded batch a text's vector would depend
+    on its neighbours, while alone it is the same whatever it is embedded with; and single-threaded runs,
+    one per core, embed faster than one multi-threaded run over the same texts, alone or in batches (a busy
+    machine hurts the multi-threaded run's per-operator barrier most)."""
 
     dim = 384
 

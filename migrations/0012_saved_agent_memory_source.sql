@@ -1,6 +1,6 @@
--- A saved agent's Retrieve step reads a source (source kind "file", seed 000's From File) or one of its
--- owner's memory stores by name (source kind "name", From Name): `storage` is the store's name, which may be
--- a template over the run's variables (`user_{var.user_id}`), and `schema_name` the record schema the store
+-- A saved agent's Retrieve step reads the source named in `source` (source kind "file", the default), or one
+-- of its owner's memory stores by name (source kind "name"): `storage` is the store's name, which may be a
+-- template over the run's variables (`user_{var.user_id}`), and `schema_name` the record schema the store
 -- must have. Structural, like `source`: fixed when the agent is created.
 alter table agentdb.saved_agents
     add column source_kind text not null default 'file',

@@ -58,17 +58,17 @@ end;
 $$;
 
 -- The postings of the named `terms` of source `source_id`, whichever its layout, each with its term's weight
--- from `weights` (in the order of `terms`; the BM25 callers pass each term's idf x (k1 + 1)): (term, chunk_id,
--- wk, tf, dl). Every reader of postings by term goes through it: the lexical leg's sums (agentdb.retrieve,
--- agentdb_internal.bm25_maxscore) and agentdb.score_keys. Each term is joined to its weight once, and each
--- block's postings take the weight of the block's term, not a join a posting at a time (1M chunks: the sums
--- 20% sooner). Inlined into the caller's statement (a plain SQL function), so the caller's row security
--- applies to the row postings. A principal's role sees no block (migrations/0013_block_postings.sql) and
--- reads its block postings through agentdb_internal.principal_block_postings instead. Each of the two block
--- branches is gated by the current user's name, a one-time filter, so the other never runs (the application
--- never calls the SECURITY DEFINER function). A block's arrays are unnested in the select list, in lockstep
--- (equal lengths): measured 2.3x faster than unnest(a, b, c) in FROM, which materialises each block's rows
--- first.
+-- from `weights` (in the order of `terms`; the BM25 callers pass each term's idf x (k1 + 1)): (term,
+-- chunk_id, wk, tf, dl). Every reader of postings by term goes through it: the lexical leg's sums
+-- (agentdb.retrieve, agentdb_internal.bm25_maxscore) and agentdb.score_keys. Each term is joined to its
+-- weight once, and each block's postings take the weight of the block's term, not a join a posting at a time
+-- (one join a block instead of one a posting). Inlined into the caller's statement (a plain SQL function), so
+-- the caller's row security applies to the row postings. A principal's role sees no block
+-- (migrations/0013_block_postings.sql) and reads its block postings through
+-- agentdb_internal.principal_block_postings instead. Each of the two block branches is gated by the current
+-- user's name, a one-time filter, so the other never runs (the application never calls the SECURITY DEFINER
+-- function). A block's arrays are unnested in the select list, in lockstep (equal lengths), not
+-- unnest(a, b, c) in FROM, which materialises each block's rows first.
 create or replace function agentdb_internal.term_postings(source_id int, terms text[], weights float8[])
 returns table (term text, chunk_id bigint, wk float8, tf int, dl int)
 language sql stable as $$
@@ -94,10 +94,9 @@ $$;
 -- max_tf, min_dl, n): the caller adds its own final statement over `blocks`. Each group's postings are cut
 -- into blocks of 128: in chunk order when `sorted` (a merge, a rebuild: blocks of narrow chunk ranges), else
 -- in the order `rel` yields them (a write: its rows come in the order of their ids, so the same in practice,
--- without sorting; hashing by term is 1.7x faster, measured). Nothing relies on that order but the width of
--- a block's chunk range (term_stats.max_span, which lookups read). A block's bounds and offsets unnest its
--- arrays in a select list, as term_postings does (in FROM each block's rows were materialised first: a write
--- statement of 50,000 chunks took 193 us a chunk at the median against 174 us, 12 runs each, alternating).
+-- without sorting, and hashing by term is cheaper than sorting). Nothing relies on that order but the width
+-- of a block's chunk range (term_stats.max_span, which lookups read). A block's bounds and offsets unnest its
+-- arrays in a select list, as term_postings does (in FROM each block's rows would be materialised first).
 create or replace function agentdb_internal.block_sql(rel text, grp text, sorted boolean) returns text
 language sql immutable as $$
 select format($q$
@@ -165,7 +164,7 @@ select case when layout = 'rows' then format($q$
     ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel), coalesce('n.' || quote_ident(doc_key), 'null::text'))
     else format($q$
     -- each chunk's length once, for its postings and for the total (a second pass over the tsvectors for the
-    -- total took about 45 us a chunk, a sixth of the statement)
+    -- total would read every tsvector again)
     with lengths as (
         select n.agentdb_chunk_id as chunk_id,
                (select sum(coalesce(cardinality(x.positions), 1)) from unnest(n.agentdb_tsv) x)::int as dl
@@ -557,19 +556,18 @@ $$;
 
 -- Merge the partly filled blocks of source `source_name` (layout 'blocks') whose terms lie in [term_from,
 -- term_to) (a null bound: no bound): every term held in more than 5/4 of the blocks its postings need
--- (ceil(df / 128)) gets its postings cut again into full blocks in chunk order, and its bounds (max_tf, min_dl,
--- max_span) recomputed exactly. A term with fewer extra blocks is left as it is: a merge rewrites all of a
--- term's postings, and a bulk load leaves a partly filled block per term and batch, a few percent more blocks
--- for a frequent term (about 10 full blocks a batch) but several times too many for a rare one (scifact-text
--- 100k, fresh loads in batches of 20,000: the merge 25.8 -> 10.3 s, the lexical index 1.45x -> 1.30x the
--- text). Returns the number of the range's blocks before and after. Nothing to do for the 'rows' layout. Runs
--- under a share lock on the source's corpus_stats row: writers, which update it, wait, and merges of disjoint
--- term ranges run at once (two of overlapping ranges at once may fail with a deadlock, nothing half-written;
--- agentdb's callers merge disjoint ranges, one optimize of a source at a time). A merge after a bulk load
--- still rewrites many blocks (the rare terms' blocks), so agentdb's callers merge term ranges
--- (agentdb_internal.lexical_slice_bounds) in transactions of their own with a plain VACUUM after each: later
--- ranges' new blocks then take the space the ranges before them freed, instead of growing the table's file by
--- the whole rewritten index.
+-- (ceil(df / 128)) gets its postings cut again into full blocks in chunk order, and its bounds (max_tf,
+-- min_dl, max_span) recomputed exactly. A term with fewer extra blocks is left as it is: a merge rewrites all
+-- of a term's postings, and a bulk load leaves a partly filled block per term and batch, a few percent more
+-- blocks for a frequent term (about 10 full blocks a batch) but several times too many for a rare one, and
+-- only those terms' blocks are worth rewriting. Returns the number of the range's blocks before and after.
+-- Nothing to do for the 'rows' layout. Runs under a share lock on the source's corpus_stats row: writers,
+-- which update it, wait, and merges of disjoint term ranges run at once (two of overlapping ranges at once
+-- may fail with a deadlock, nothing half-written; agentdb's callers merge disjoint ranges, one optimize of a
+-- source at a time). A merge after a bulk load still rewrites many blocks (the rare terms' blocks), so
+-- agentdb's callers merge term ranges (agentdb_internal.lexical_slice_bounds) in transactions of their own
+-- with a plain VACUUM after each: later ranges' new blocks then take the space the ranges before them freed,
+-- instead of growing the table's file by the whole rewritten index.
 create or replace function agentdb.lexical_optimize(source_name text, term_from text default null,
                                                     term_to text default null,
                                                     out blocks_before bigint, out blocks_after bigint)

@@ -9,9 +9,9 @@
 -- only while a row is longer than toast_tuple_target, 2 kB by default, which a 384-dimension vector (1.5 kB)
 -- leaves almost no room beside: so the target is the vector plus 1.5 kB, and a longer row still sends its
 -- largest columns out first, usually the tsvector, which no query reads (the lexical leg reads the postings).
--- SciFact (median text 955 bytes): the text was out of line in 91% of the rows, and reading it took 0.4 ms of
--- a top 100; now in under 1% (the heap 18 MB -> 25 MB, the table with its TOAST unchanged). Rows keep their
--- layout until they are written again (VACUUM FULL rewrites them all).
+-- So a typical chunk's text stays in the row, and a page of hits reads it without a TOAST fetch each, for a
+-- larger heap and an unchanged table with its TOAST. Rows keep their layout until they are written again
+-- (VACUUM FULL rewrites them all).
 create or replace function agentdb_internal.store_rows_inline(source_id int) returns void
 language plpgsql as $$
 declare
@@ -102,13 +102,13 @@ declare
         select p.chunk_id, sum(p.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
         from agentdb_internal.term_postings($9, $4, $7) p
         group by p.chunk_id $q$;
-    -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are fewer
-    -- than a share of its postings, else by a hash join with all of them. In the row layout the lookup is one
-    -- index scan with the held chunk ids as an array condition, and the share is a half (measured on a million
-    -- chunks: each is up to twice as fast as the other on its side of that line). In the block layout each held
-    -- chunk is looked up in the blocks that may hold it (block_lookup below), about 4 us a chunk against 0.15 to
-    -- 0.3 us a posting to decode and join them all (1M chunks: even at 12 to 34 postings a held chunk), so the
-    -- share is a sixteenth.
+    -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are
+    -- fewer than a share of its postings, else by a hash join with all of them. In the row layout the lookup
+    -- is one index scan with the held chunk ids as an array condition, and the share is a half (below it the
+    -- lookups are the faster, above it the join). In the block layout each held chunk is looked up in the
+    -- blocks that may hold it (block_lookup below), which costs far more a chunk than decoding and joining a
+    -- posting does, so the share is a sixteenth: a lookup per held chunk is cheaper than decoding every block
+    -- only when few are held.
     add_term_join constant text := $q$
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
         from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
@@ -120,9 +120,8 @@ declare
     -- The contribution to chunk %1$s of term %2$s (weight %3$s, max_span %4$s), or null, read in the row or the
     -- block layout. In the block layout the blocks that may hold the chunk (first chunk within the term's
     -- max_span below it) are read by one index scan and the chunk is found in the block's offsets. Each is a
-    -- scalar subquery so that every lookup is one index scan: as a lateral join the planner read every block
-    -- of the term once and tested each chunk against each block (1M chunks: 230 ms against 8 ms for 700
-    -- lookups).
+    -- scalar subquery so that every lookup is one index scan: as a lateral join the planner reads every block
+    -- of the term once and tests each chunk against each block.
     row_lookup constant text := $q$
         (select %3$s * p.tf / (p.tf + $8 + $10 * p.dl) from agentdb.postings p
          where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$;
@@ -158,8 +157,8 @@ declare
              exact as (select best.known + coalesce((select sum(%s) from unnest($15::text[], $16::float8[], $13::bigint[])
                                                      as t(term, wk, span)), 0) as known
                        from best),
-             -- materialized: as a subquery theta was computed once for each of its three uses below, and with it
-             -- every lookup of `exact` (1M chunks: 3.5 ms each time)
+             -- materialized: as a subquery theta would be computed once for each of its three uses below, and
+             -- with it every lookup of `exact`
              t(theta) as materialized (%s)
         select t.theta, h.ids, h.known
         from t
@@ -195,12 +194,12 @@ begin
     end loop;
 
     -- 1. Seed: the first term, then the next ones while their postings in all stay under the budget (the first
-    --    term that would pass it used to be taken too: a seed that did not hold then summed a large list twice;
-    --    scifact-text 1M, A/B on 60 queries, top 10: p50 -14 to -24%, top 100 p50 within noise); theta from
+    --    term that would pass it is not taken: if the seed did not hold, that large list would be summed
+    --    twice); theta from
     --    their scores, primed. When the bounds of the terms after the seed already sum below that theta (often
     --    all of them: the seed holds every term), the seed's terms are the essential ones: the same statement
     --    holds the chunks that can still reach theta, and step 2 is skipped (it would sum the same postings
-    --    again: measured on real text, 40% of the leg).
+    --    again).
     i := 1;
     seen := t_df[1];
     while i < nt and seen + t_df[i + 1] < seed_budget loop
@@ -294,8 +293,7 @@ $$;
 -- Search one source. Returns {"route", "hits": [...], "diagnostics": {...}} as json, each hit's keys in the
 -- order id, chunk, rank, score, distance, bm25_score, rank_dense, rank_sparse, title, text, metadata (cast it
 -- to jsonb for jsonb's operators). The page is written once, as text: built as jsonb, every number went
--- through numeric, and the page was copied into each enclosing object and written out again (SciFact top 100:
--- about 1 ms of 14, top 10 about 0.2 ms).
+-- through numeric, and the page was copied into each enclosing object and written out again.
 --   mode: 'dense' | 'lexical' | 'hybrid'; dense and hybrid need query_embedding (made with the source's model).
 --   threshold: maximum cosine distance on the dense leg only (0 = no limit); in hybrid it gates dense
 --     candidates before fusion and BM25-only hits pass ungated; inert in lexical mode.
@@ -337,7 +335,7 @@ create or replace function agentdb.retrieve(
     fusion text default 'rrf',
     alpha float8 default 0.5,
     -- diagnostics.output.results repeats every hit with its text (the funnel's last stage); false leaves it
-    -- out, for callers that do not show diagnostics (a SciFact top 100: about 0.7 ms of 13.5).
+    -- out, for callers that do not show diagnostics (it saves writing every hit's text twice).
     output_results boolean default true
 ) returns json
 language plpgsql
@@ -385,10 +383,8 @@ declare
     avgdl float8;
     filter_join text;
     -- Postings the lexical leg scans before it knows a score threshold (see the lexical leg below): the
-    -- setting agentdb.lexical_seed_postings, else 4% of the chunks and at least 20000. It changes speed only.
-    -- (scifact-text 1M, budgets alternated per query on 60 queries and on 80 others: 40000 against 20000 took
-    -- top 10's p50 from 54 to 40 ms and from 86 to 66 ms, top 100's from 100 to 87 and 130 to 131 ms; the means
-    -- within 5% either way.)
+    -- setting agentdb.lexical_seed_postings, else 4% of the chunks and at least 20000. It changes speed only:
+    -- a larger budget seeds a higher threshold at the cost of scanning more postings first.
     seed_budget bigint;
     setting text;
     qt record;          -- the query terms the source holds, their weights and postings
@@ -483,14 +479,13 @@ begin
     cand := case when mode = 'hybrid' or group_by_doc then least(coalesce(candidates, greatest(100, 4 * top_k)), 4000)
                  else top_k end;
     -- The iterative scan (relaxed order, re-sorted exactly below) goes on past ef_search until `cand` rows are
-    -- found, so ef_search need not grow with the candidates: at 400 candidates ef 100 finds the same rows as
-    -- ef 400 (SciFact: recall@400 against exact 0.986 either way) about 2 ms sooner.
+    -- found, so ef_search need not grow with the candidates: a small ef finds the same rows as a large one,
+    -- sooner.
     perform set_config('hnsw.ef_search', ef_search::text, true);
     -- Deep pages: asked for a few hundred candidates of a few thousand chunks, the planner prefers an exact
-    -- scan of every vector (detoasting each, about 3 us a vector) to the HNSW index (SciFact top 100 with
-    -- 400 candidates: 33 ms against 12 ms, the same nDCG@10 and Recall@100). Without a filter or row
-    -- security the index is always the better plan; with them the planner keeps its choice (an exact scan
-    -- is right when the filter keeps few rows).
+    -- scan of every vector (detoasting each) to the HNSW index, which is faster there and ranks as well.
+    -- Without a filter or row security the index is always the better plan; with them the planner keeps its
+    -- choice (an exact scan is right when the filter keeps few rows).
     open_rows := pred = 'true' and row_pred = 'true' and not principal
                  and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass);
     if use_dense and open_rows then
@@ -566,7 +561,7 @@ begin
     end if;
 
     -- The fused score is computed for the chosen fusion only, and in float8 (numeric division and its cast
-    -- back cost about 3 us a candidate). RRF is one division of exact integers, 1 / (k + r) or
+    -- back would cost more a candidate). RRF is one division of exact integers, 1 / (k + r) or
     -- (2k + r1 + r2) / ((k + r1)(k + r2)), so it is the correctly rounded sum and equal sums stay equal (ties
     -- then go by document and chunk): 1/(k+57) + 1/(k+330) and 1/(k+30) are both exactly 1/90 at k 60,
     -- which two separately rounded terms would tell apart. Only convex fusion needs each leg's range.
@@ -587,17 +582,16 @@ begin
     -- and on the page's JSON. Only the candidates that can make the page have their keys looked up (`near`):
     -- those scoring at least the top_k-th candidate (ties included), or with group_by_doc the (2 x top_k)-th,
     -- and every other one only when those hold fewer than top_k documents (each document's best chunk then
-    -- lies among them; a document absent from them scores below every one of them). SciFact top 100: about
-    -- 35 lookups instead of 260, 0.2 to 0.8 ms. r groups documents by byte equality (collate "C": the same
+    -- lies among them; a document absent from them scores below every one of them): a top 100 looks up a few
+    -- dozen keys instead of every candidate's. r groups documents by byte equality (collate "C": the same
     -- groups under any deterministic collation, a cheaper sort); the page keeps the source's collation for its
     -- order. The metadata projection is called only when `fields` asks for one (as a function with a subquery
-    -- it is not inlined: about 3 us a hit).
+    -- it is not inlined, a call a hit).
     -- keyed_sql is a template: %1$s, the condition on fs that the candidates must meet. On a distributed source
     -- (agentdb/db/distribute.py) Citus cannot plan the lateral subquery with a FROM-less branch over the
     -- distributed table, so the lexical-only candidates are looked up there by an array of their chunk ids
     -- (Citus computes the array first and sends it to every shard). On one node that form, and a plain join,
-    -- measured slower than the lateral (20,000 chunks, hybrid top 100: p50 +17 to 25%, p95 3 to 17 times), which
-    -- keeps each lookup one index probe.
+    -- are slower than the lateral, which keeps each lookup one index probe.
     keyed_sql := case when src.distributed then format($q$
         select fs.*, fs.dense_doc_id as doc_id, fs.dense_chunk as chunk from fs
         where fs.rank_dense is not null and (%%1$s)

@@ -72,7 +72,7 @@ def add_parsers(sub: Subparsers) -> None:
     p.add_argument("query")
     p.add_argument("--mode", default="hybrid", choices=["dense", "lexical", "hybrid"], help="default hybrid")
     p.add_argument("--top-k", type=int, default=10, help="hits to return (default 10)")
-    p.add_argument("--rrf-k", type=int, default=RRF_K, help="RRF's k: 1 / (k + rank) (default 60)")
+    p.add_argument("--rrf-k", type=int, default=RRF_K, help=f"RRF's k: 1 / (k + rank) (default {RRF_K})")
     p.add_argument(
         "--fusion",
         default="rrf",

@@ -97,10 +97,10 @@ def start_embedded(
 
 # glibc's allocator in the server's processes. By default a backend hands the memory a query freed back to
 # the kernel (the heap's free top beyond a threshold of about twice the largest block yet freed, and every
-# block over the mmap threshold) and faults it in again, page by page, in the next query. Measured on
-# SciFact, hybrid top 100: about 800 page faults a query (3 MB), and 17% of its time; top 10, 245 and 7%.
-# A backend now keeps up to 32 MB of freed memory and takes blocks under 8 MB (PostgreSQL's largest context
-# block) from its heap; larger ones (sorts, index builds) are still mapped and returned when freed.
+# block over the mmap threshold) and faults it in again, page by page, in the next query, a large share of
+# a deep page's time. A backend keeps up to 32 MB of freed memory and takes blocks under 8 MB (PostgreSQL's
+# largest context block) from its heap; larger ones (sorts, index builds) are still mapped and returned when
+# freed.
 SERVER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(8 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(32 * 2**20)}
 
 

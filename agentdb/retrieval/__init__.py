@@ -51,8 +51,8 @@ class Hit:
     def from_row(cls, row: Mapping[str, Any], table: str | None = None) -> Hit:
         """A hit from the JSON of `agentdb.retrieve` or `agentdb.expand`, read from source `table`. By position,
         in field order (tests/test_retrieval_api.py checks it against `row`): a top 100 makes 100 hits, and
-        keyword arguments of a frozen dataclass took 4 us a hit against 1.3 (most of it a setattr per field,
-        which is why a Hit is not frozen; nothing assigns to one, dataclasses.replace copies)."""
+        keyword arguments of a frozen dataclass cost several times as much a hit (most of it a setattr per
+        field, which is why a Hit is not frozen; nothing assigns to one, dataclasses.replace copies)."""
         get: Callable[[str], Any] = row.get  # the JSON's values, typed as the fields they fill
         chunks, hit_chunks = get("chunks"), get("hit_chunks")
         return cls(

@@ -15,8 +15,8 @@ from agentdb.sources.catalog import get_source
 MERGE_SLICES = 8
 
 
-# Connections that merge those ranges at once (scifact-text 100k after a load: 10.5 and 6.6 s on one, 5.0 and
-# 3.6 s on two; the block table 137 -> 143 to 147 MB, the freed space reused a range later).
+# Connections that merge those ranges at once: disjoint ranges merge in parallel, at the cost of a slightly
+# larger block table while a range's freed space waits to be reused by a later one.
 MERGE_WORKERS = 2
 
 
