@@ -290,6 +290,12 @@ begin
 end;
 $$;
 
+-- The RRF constant k that hybrid fusion uses when the caller names none: the one default of every SQL function
+-- taking rrf_k (Python's is agentdb.config.RRF_K, which the tests hold equal to it).
+create or replace function agentdb_internal.default_rrf_k() returns int
+language sql immutable parallel safe
+as $$ select 60 $$;
+
 -- Search one source. Returns {"route", "hits": [...], "diagnostics": {...}} as json, each hit's keys in the
 -- order id, chunk, rank, score, distance, bm25_score, rank_dense, rank_sparse, title, text, metadata (cast it
 -- to jsonb for jsonb's operators). The page is written once, as text: built as jsonb, every number went
@@ -323,7 +329,7 @@ create or replace function agentdb.retrieve(
     query_embedding vector default null,
     mode text default 'hybrid',
     top_k int default 10,
-    rrf_k int default 60,
+    rrf_k int default agentdb_internal.default_rrf_k(),
     threshold float8 default 0.5,
     scope jsonb default null,
     model text default null,
@@ -689,7 +695,7 @@ create or replace function agentdb.search(
     query_embedding vector default null,
     mode text default null,
     top_k int default 10,
-    rrf_k int default 60,
+    rrf_k int default agentdb_internal.default_rrf_k(),
     threshold float8 default 0.5,
     filter jsonb default null,
     fusion text default 'rrf',

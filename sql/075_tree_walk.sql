@@ -368,7 +368,7 @@ create or replace function agentdb.tree_walk(
     top_k int default 10,
     mode text default null,
     threshold float8 default 0.5,
-    rrf_k int default 60,
+    rrf_k int default agentdb_internal.default_rrf_k(),
     scope jsonb default null,
     fields text[] default null,
     links_index text default null

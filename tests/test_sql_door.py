@@ -93,3 +93,22 @@ def test_the_scope_is_one_value_holding_the_filters_by_name(conn: Any) -> None:
         "select doc_id from agentdb.read('sc', array['a', 'b', 'c'], scope => '{\"filter\": {\"team\": \"dev\"}}')"
     ).fetchall()
     assert read == [("b",)]
+
+
+def test_the_sql_defaults_of_fusion_and_memory_decay_are_the_python_ones(conn: Any) -> None:
+    """rrf_k's default is written once in SQL (agentdb_internal.default_rrf_k, the default of every function that
+    takes rrf_k) and the memory decay once (agentdb.memory_recall); both equal agentdb.config's."""
+    from agentdb.config import MEMORY_DECAY, RRF_K
+
+    assert conn.execute("select agentdb_internal.default_rrf_k()").fetchone() == (RRF_K,)
+    rows = conn.execute(
+        "select p.oid::regprocedure::text, pg_get_function_arguments(p.oid) from pg_proc p"
+        " join pg_namespace n on n.oid = p.pronamespace"
+        " where n.nspname in ('agentdb', 'agentdb_internal') and 'rrf_k' = any(p.proargnames)"
+    ).fetchall()
+    with_default = [(name, arguments) for name, arguments in rows if "rrf_k integer DEFAULT" in arguments]
+    assert len(with_default) >= 3  # retrieve, search, tree_walk
+    for name, arguments in with_default:
+        assert "rrf_k integer DEFAULT agentdb_internal.default_rrf_k()" in arguments, name
+    (recall,) = conn.execute("select pg_get_function_arguments('agentdb.memory_recall'::regproc)").fetchone()
+    assert f"decay double precision DEFAULT {MEMORY_DECAY}" in recall
