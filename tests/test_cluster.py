@@ -421,6 +421,29 @@ def test_a_distributed_source_is_dropped_whole(
             assert tables == (0,)
 
 
+def test_the_shards_run_under_the_settings_retrieve_runs_under(citus_cluster: Path) -> None:
+    """agentdb.retrieve's SET clauses (the HNSW iterative scan and its limits, jit, work_mem) stay on the
+    coordinator; migrate makes them the database's defaults, which Citus carries to the workers, so the
+    statements retrieve sends to the shards run under them too."""
+    with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        (config,) = conn.execute(
+            "select proconfig from pg_proc where oid = 'agentdb.retrieve'::regproc"
+        ).fetchone()
+        wanted = dict(item.split("=", 1) for item in config)
+        assert wanted["hnsw.iterative_scan"] == "relaxed_order" and wanted["jit"] == "off"
+        probe = sql.SQL("select array[{}]::text").format(
+            sql.SQL(", ").join(sql.SQL("current_setting({})").format(sql.Literal(name)) for name in wanted)
+        )
+        answers = conn.execute(
+            "select nodename, success, result from run_command_on_workers(%s)", (probe.as_string(conn),)
+        ).fetchall()
+    assert len(answers) == 2
+    expected = "{" + ",".join(wanted.values()) + "}"
+    for node, success, result in answers:
+        assert success, (node, result)
+        assert result == expected, node
+
+
 def _same_hits(cluster: list[Any], one_node: list[Any], scores_from: int = 3, scores_to: int = 6) -> None:
     """The same ids, chunks, ranks (and any further columns) and every score within 1e-9."""
     assert all(rows for rows in one_node)  # every query finds something
@@ -778,6 +801,11 @@ def test_a_worker_added_and_shards_rebalanced_answers_as_one_node(
             placed = _placements(coordinator, table)
             assert placed.get(str(third.port), 0) > 0 and sum(placed.values()) == SHARD_COUNT, (table, placed)
         _same_hits(_answers(coordinator, queries, source="moved"), one_node)
+        with psycopg.connect(coordinator, autocommit=True) as conn:
+            settings = conn.execute(
+                "select success, result from run_command_on_workers('select current_setting(''hnsw.iterative_scan'')')"
+            ).fetchall()
+        assert settings == [(True, "relaxed_order")] * 3  # the new worker too runs under retrieve's settings
     finally:
         with psycopg.connect(coordinator, autocommit=True) as conn:
             conn.execute(

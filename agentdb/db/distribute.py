@@ -107,6 +107,34 @@ def prepare(conn: psycopg.Connection[Any]) -> bool:
     return True
 
 
+def carry_retrieve_settings(conn: psycopg.Connection[Any]) -> None:
+    """On a coordinator: the settings `agentdb.retrieve` runs under (its SET clauses: the HNSW iterative scan and
+    its limits, jit, work_mem) made this database's defaults, which Citus carries to every worker. A function's
+    SET clauses stay on the coordinator, so without them the statements it sends to the shards ran with the
+    workers' defaults (an HNSW scan without iterative scan returns at most ef_search rows a shard)."""
+    if not on_citus(conn):
+        return
+    row = conn.execute(
+        "select proconfig from pg_proc where proname = 'retrieve' and pronamespace = 'agentdb'::regnamespace"
+    ).fetchone()
+    database = conn.execute("select current_database()").fetchone()
+    assert row is not None and database is not None
+    held = conn.execute(
+        "select coalesce(setconfig, '{}') from pg_db_role_setting"
+        " where setrole = 0 and setdatabase = (select oid from pg_database where datname = current_database())"
+    ).fetchone()
+    # Already the defaults: nothing is sent (ALTER DATABASE reaches every worker, and one may be down).
+    for item in set(row[0] or []) - set(held[0] if held else []):
+        name, _, value = item.partition("=")
+        conn.execute(
+            sql.SQL("alter database {} set {} = {}").format(
+                sql.Identifier(database[0]),
+                sql.SQL(".").join(sql.Identifier(part) for part in name.split(".")),
+                sql.Literal(value),
+            )
+        )
+
+
 def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
     """Distribute a new (empty) document source's table by doc_id, co-located with the postings, in the
     caller's transaction (which inserted its catalog row with `distributed` true). Its primary key becomes (doc_id, agentdb_chunk_id) (Citus: the distribution column

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.cluster import citus_version
+from agentdb.db.distribute import carry_retrieve_settings
 from agentdb.db.distribute import prepare as prepare_distribution
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
@@ -80,6 +81,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         row = conn.execute("select digest from agentdb.schema_functions").fetchone()
         if not applied and row is not None and row[0] == functions_digest():
             prepare_distribution(conn)
+            carry_retrieve_settings(conn)
             return applied
         # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's
         # parameters to be known when the caller is not a superuser.
@@ -95,6 +97,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 (functions_digest(),),
             )
         prepare_distribution(conn)
+        carry_retrieve_settings(conn)
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
