@@ -255,7 +255,7 @@ def test_the_readme_sql_answers_as_documented(demo: dict[str, Any]) -> None:
         assert conn.execute(neighbours).fetchall()
 
 
-def test_the_readme_mcp_config_serves_an_assistant(demo: dict[str, Any]) -> None:
+def test_the_readme_mcp_config_serves_an_assistant(demo: dict[str, Any], tmp_path: Path) -> None:
     """The README's Claude Desktop configuration, run as a desktop client runs it (its command, arguments and
     environment; the test database for DATABASE_URL, which wins over the placeholder data directory, and a
     restricted principal's key for the placeholder one): the SDK's client lists agentdb's tools, searches the
@@ -299,7 +299,13 @@ def test_the_readme_mcp_config_serves_an_assistant(demo: dict[str, Any]) -> None
 
     async def main() -> None:
         params = StdioServerParameters(command=command, args=config["args"], env=env)
-        async with stdio_client(params) as (read, write):
+        # The server's stderr goes to a file of its own: stdio_client's default is the sys.stderr of the moment
+        # mcp was first imported, which a capturing test may have replaced by a stream without a descriptor.
+        with (tmp_path / "mcp-server.stderr").open("w") as errlog:
+            await session_checks(params, errlog)
+
+    async def session_checks(params: StdioServerParameters, errlog: Any) -> None:
+        async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write, read_timeout_seconds=300) as session:
                 await session.initialize()
                 names = {t.name for t in (await session.list_tools()).tools}
