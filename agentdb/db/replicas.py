@@ -7,8 +7,9 @@ most advanced one, else goes to the primary. A replica leaves the rotation when 
 no longer a standby (promoted: it no longer follows our primary), or when its replay lags more than
 `max_lag_ms`; the monitor puts it back when that ends.
 
-Replay lag is measured against the primary's WAL position sampled at every check: a replica that has replayed
-less than the primary had written at time t lags by at least now - t. That stays 0 on an idle primary (unlike
+Replay lag is measured against the primary's flushed WAL position sampled at every check (WAL only leaves the
+primary once flushed): a replica that has replayed less than the primary had flushed at time t lags by at
+least now - t. That stays 0 on an idle primary (unlike
 now() - pg_last_xact_replay_timestamp(), which grows while nothing is written).
 """
 
@@ -213,7 +214,7 @@ class ReadRouter:
                 self._primary = psycopg.connect(
                     self._primary_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
                 )
-            row = self._primary.execute("select pg_current_wal_lsn()::text").fetchone()
+            row = self._primary.execute("select pg_current_wal_flush_lsn()::text").fetchone()
         except psycopg.Error as exc:
             log.warning("cannot read the primary's WAL position: %s", str(exc).strip().splitlines()[0])
             if self._primary is not None:
