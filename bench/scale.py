@@ -10,7 +10,9 @@ from a Zipfian pseudo-vocabulary when SciFact is absent), or real text (SciFact 
 most related abstracts). Rows are loaded with COPY in batches, so agentdb's statement triggers build the lexical
 index in the first layout of --layouts as they would for any writer; the blocks are merged, the HNSW index is
 dropped before the load and rebuilt after it with the same definition. Each further layout is rebuilt on the
-same rows. Then 200 SciFact queries per mode are timed. A benchmark, not a test.
+same rows. Then 200 SciFact queries per mode are timed, and the lexical top 10 rows (accelerated, SQL path,
+pg_textsearch) are run by 1 and 4 concurrent clients for --throughput-seconds each (queries a second). A
+benchmark, not a test.
 
 Loading options: --writers N COPYs the batches on N connections at once (each batch its own transaction;
 the rows are the same whatever N); --lexical-only loads no vectors, builds no HNSW index and times the
@@ -80,6 +82,9 @@ ROW_SPECS: dict[str, tuple[str, int, str]] = {
     "pg_textsearch": ("pg_textsearch", TOP_K, "default"),
     "pg_textsearch top 100": ("pg_textsearch", 100, "default"),
 }
+# The rows also timed at 1 and 4 concurrent clients (queries a second), --throughput-seconds each.
+THROUGHPUT_ROWS = ("lexical", "lexical, SQL path", "pg_textsearch")
+CLIENTS = (1, 4)
 PG_TEXTSEARCH_ROWS = tuple(r for r, (mode, _, _) in ROW_SPECS.items() if mode == "pg_textsearch")
 ROWS = tuple(r for r in ROW_SPECS if r not in PG_TEXTSEARCH_ROWS)
 LEXICAL_ROWS = tuple(r for r in ROWS if ROW_SPECS[r][0] in ("lexical", "bm25s"))
@@ -471,19 +476,22 @@ def time_modes(
     qvecs: np.ndarray | None,
     repeat: int,
     rows: tuple[str, ...] = ROWS,
+    throughput_seconds: float = 0,
 ) -> dict[str, Any]:
-    """p50/p95 per row of `rows` (each query's best of `repeat` passes), and how many queries got the same hits
-    (ids, order, scores to 1e-9) as the row each SAME_AS row must equal."""
+    """p50/p95 per row of `rows` (each query's best of `repeat` passes), how many queries got the same hits
+    (ids, order, scores to 1e-9) as the row each SAME_AS row must equal, and with `throughput_seconds`, the
+    queries a second of the THROUGHPUT_ROWS at each number of CLIENTS."""
     import bm25s
 
     from agentdb.db.accel import path_in_use
     from agentdb.retrieval import retrieve
     from agentdb.sources import get_source
 
-    conns = {"default": conn, "sql": connect(conn.info.dsn), "unpruned": connect(conn.info.dsn)}
-    conns["sql"].execute("set agentdb.lexical_path = 'sql'")
-    conns["unpruned"].execute("set agentdb.lexical_path = 'sql'")
-    conns["unpruned"].execute("set agentdb.lexical_seed_postings = 999999999999999999")
+    conns = {
+        "default": conn,
+        "sql": row_connection(conn.info.dsn, "sql"),
+        "unpruned": row_connection(conn.info.dsn, "unpruned"),
+    }
     pgts_index, pgts_build_s = None, None
     if any(ROW_SPECS[r][0] == "pg_textsearch" for r in rows):
         src = get_source(conn, name)
@@ -494,8 +502,12 @@ def time_modes(
     if any(ROW_SPECS[r][2] == "python" for r in rows):
         bm25, bm25_ids, build_s = bm25s_index(conn, get_source(conn, name).table)
 
-    def searcher(row: str) -> Callable[[int], list[tuple[str, int, float]]]:
+    def searcher(
+        row: str, db: psycopg.Connection[Any] | None = None
+    ) -> Callable[[int], list[tuple[str, int, float]]]:
+        """Row `row`'s search of query i, on `db` (a connection set up for the row; by default this run's)."""
         mode, top_k, where = ROW_SPECS[row]
+        db = db or conns.get(where, conn)
         if mode == "pg_textsearch":
             src = get_source(conn, name)
             statement = sql.SQL(
@@ -504,7 +516,7 @@ def time_modes(
             ).format(src.table)
 
             def search_pgts(i: int) -> list[tuple[str, int, float]]:
-                found = conn.execute(statement, {"q": texts[i], "index": pgts_index, "k": top_k}).fetchall()
+                found = db.execute(statement, {"q": texts[i], "index": pgts_index, "k": top_k}).fetchall()
                 return [(d, c, round(float(s), 9)) for d, c, s in found]
 
             return search_pgts
@@ -521,7 +533,6 @@ def time_modes(
                 ]
 
             return search_bm25s
-        db = conns[where]
 
         def search(i: int) -> list[tuple[str, int, float]]:
             vec = None if mode == "lexical" or qvecs is None else qvecs[i]
@@ -572,9 +583,72 @@ def time_modes(
         for row, other in SAME_AS.items()
         if row in rows and other in rows
     }
+    if throughput_seconds > 0:
+        out["throughput_qps"] = {
+            row: {
+                str(n): throughput(
+                    conn.info.dsn, ROW_SPECS[row][2], searcher, row, len(texts), n, throughput_seconds
+                )
+                for n in CLIENTS
+            }
+            for row in THROUGHPUT_ROWS
+            if row in rows
+        }
     conns["sql"].close()
     conns["unpruned"].close()
     return out
+
+
+def row_connection(dsn: str, where: str) -> psycopg.Connection[Any]:
+    """A connection of its own for the rows taking `where` (ROW_SPECS): "sql" and "unpruned" force the plain SQL
+    path, "unpruned" with pruning off."""
+    own = connect(dsn)
+    if where in ("sql", "unpruned"):
+        own.execute("set agentdb.lexical_path = 'sql'")
+    if where == "unpruned":
+        own.execute("set agentdb.lexical_seed_postings = 999999999999999999")
+    return own
+
+
+def throughput(
+    dsn: str,
+    where: str,
+    searcher: Callable[[str, psycopg.Connection[Any]], Callable[[int], Any]],
+    row: str,
+    n_texts: int,
+    clients: int,
+    seconds: float,
+) -> dict[str, float]:
+    """Queries a second of row `row` with `clients` clients at once for `seconds`: each a thread with its own
+    connection, asking the queries in turn (each from its own place in the list) as soon as the last is
+    answered, after one untimed query. With the load average when it ended."""
+    own = [row_connection(dsn, where) for _ in range(clients)]
+    done = [0] * clients
+    start = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        search = searcher(row, own[c])
+        i = c * n_texts // clients
+        search(i)
+        start.wait()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            search(i % n_texts)
+            i += 1
+            done[c] += 1
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    begun = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - begun
+    for c in own:
+        c.close()
+    print(f"{row}, {clients} client(s): {sum(done) / elapsed:.1f} q/s", flush=True)
+    return {"qps": round(sum(done) / elapsed, 1), "load_average_1m": machine_facts()["load_average_1m"]}
 
 
 def rebuild_compare(
@@ -771,6 +845,14 @@ def main() -> int:
         help="the lexical triggers' path while loading: the accelerator's tsv_blocks where the server has it"
         " (default), or the plain SQL statements (agentdb.lexical_path = 'sql' on the writers' connections)",
     )
+    parser.add_argument(
+        "--throughput-seconds",
+        type=float,
+        default=10,
+        help="seconds each of "
+        + ", ".join(THROUGHPUT_ROWS)
+        + " runs at 1 and 4 concurrent clients (0: none)",
+    )
     parser.add_argument("--no-json", action="store_true")
     args = parser.parse_args()
     if args.writers < 1 or not re.fullmatch(r"[a-z0-9_]*", args.db_suffix):
@@ -892,7 +974,7 @@ def main() -> int:
                 "write_path": args.write_path,
                 "batch": args.batch,
             }
-            row.update(time_modes(conn, name, texts, qvecs, args.repeat, rows_timed))
+            row.update(time_modes(conn, name, texts, qvecs, args.repeat, rows_timed, args.throughput_seconds))
             if args.check:
                 t0 = time.perf_counter()
                 print(f"agentdb check {name}...", flush=True)
@@ -954,6 +1036,26 @@ def main() -> int:
             f"{r['corpus']} {r['size']:,} chunks, {r['layout']}, lexical path {r['lexical_path']}: same hits"
             " (ids, order, scores to 1e-9): "
             + ", ".join(f"{pair} {n}/{args.queries}" for pair, n in r["same_hits"].items())
+        )
+    qps_rows = [
+        [r["corpus"], f"{r['size']:,}", r["layout"], row]
+        + [f"{by[str(n)]['qps']:.1f} (load {by[str(n)]['load_average_1m']:.1f})" for n in CLIENTS]
+        for r in results
+        for row, by in r.get("throughput_qps", {}).items()
+    ]
+    if qps_rows:
+        print()
+        print(
+            format_table(
+                ["corpus", "chunks", "layout", "row"] + [f"{n} client(s), q/s" for n in CLIENTS],
+                qps_rows,
+                left=4,
+            )
+        )
+        print(
+            f"Throughput: queries a second over {args.throughput_seconds:g} s, each client a thread with its own\n"
+            "connection asking the next query as soon as the last is answered (the Python clients share the\n"
+            "2 cores with the server); the load average when each ended."
         )
     print()
     load_headers = [
@@ -1064,6 +1166,8 @@ def main() -> int:
                 "parallel_workers": args.parallel_workers,
                 "threshold": 0.0,
                 "timing_passes": args.repeat,
+                "throughput_seconds": args.throughput_seconds,
+                "throughput_clients": list(CLIENTS),
             },
             "results": [by_size[k] for k in sorted(by_size)],
             "run_seconds": round(elapsed, 1),

@@ -16,11 +16,14 @@
  * terms not taken yet sum to at least theta, the k-th best partial score (a chunk none of the terms taken so
  * far holds could still rank). The remaining terms can only add to chunks already held: those whose score
  * plus the remaining bounds reach theta stay candidates, and each remaining term is added to them, by a scan
- * of its postings that skips blocks holding no candidate, or by one index probe a candidate when they are few
- * beside the term's postings. The accumulator is a hash table while the essential terms are summed; the
- * candidates leave it once, as an array in chunk order (a radix sort), which each scan merges with the blocks'
- * postings and each pruning compacts in place. The result is the k best chunks by (score desc, chunk id) among every chunk
- * holding a query term, visible to the caller's filters or not: the caller applies them.
+ * of its postings that skips blocks holding no candidate (on the index tuple) or unable to lift one to theta
+ * (on the block's max_tf and min_dl), or by one index probe a candidate when they are few beside the term's
+ * postings. The accumulator is an array of partial scores in pages of consecutive chunk ids while the
+ * essential terms are summed; theta after each is found among the chunks that term reached and the best k
+ * before it. The candidates leave the accumulator once, as an array in chunk order (its pages in order), which
+ * each scan merges with the blocks' postings and each pruning compacts in place. The result is the k best
+ * chunks by (score desc, chunk id) among every chunk holding a query term, visible to the caller's filters or
+ * not: the caller applies them.
  *
  * Everything is allocated in a memory context of the call, deleted before it returns; nothing outlives it.
  */
@@ -54,7 +57,7 @@
 #include "utils/tuplestore.h"
 #include "tsearch/ts_type.h"
 
-PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.2");
+PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.3");
 
 PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk_blocks);
 PG_FUNCTION_INFO_V1(agentdb_accel_tsv_blocks);
@@ -65,28 +68,72 @@ PG_FUNCTION_INFO_V1(agentdb_accel_tsv_total_len);
 
 /*
  * A remaining term is added to the candidates by one index probe each while they number less than
- * 1/PROBE_SHARE of its postings, else by a scan of its postings.
+ * 1/PROBE_SHARE of its postings, else by a scan of its postings. A probe (a btree descent, the rows of the
+ * blocks its range covers) costs far more than a block a scan passes over on its index tuple, so scans win
+ * down to few candidates (bench/LOG.md, 2026-12-03).
  */
-#define PROBE_SHARE 64
+#define PROBE_SHARE 1024
 
-/* The accumulator: chunk id -> partial score. */
-typedef struct AccEntry
+/*
+ * The accumulator: chunk id -> partial score, in pages of ACC_PAGE consecutive ids made as postings first reach
+ * them. A term's postings come in ascending ids, so consecutive ones mostly fall in the page of the one before
+ * (no hashing), and the pages read in order give the held chunks in chunk order (no sorting).
+ */
+#define ACC_PAGE_BITS 12
+#define ACC_PAGE (1 << ACC_PAGE_BITS)
+
+typedef struct AccData
 {
-	int64		cid;
-	double		score;
-	char		status;
-} AccEntry;
+	double		score[ACC_PAGE];
+	uint16		stamp[ACC_PAGE];	/* 1 + the last term that added to the chunk; 0: no term yet */
+} AccData;
 
-#define SH_PREFIX acc
-#define SH_ELEMENT_TYPE AccEntry
+typedef struct AccPage
+{
+	int64		pageno;			/* cid >> ACC_PAGE_BITS */
+	AccData    *data;
+	char		status;
+} AccPage;
+
+#define SH_PREFIX accpage
+#define SH_ELEMENT_TYPE AccPage
 #define SH_KEY_TYPE int64
-#define SH_KEY cid
+#define SH_KEY pageno
 #define SH_HASH_KEY(tb, key) ((uint32) murmurhash64((uint64) (key)))
 #define SH_EQUAL(tb, a, b) ((a) == (b))
 #define SH_SCOPE static inline
 #define SH_DECLARE
 #define SH_DEFINE
 #include "lib/simplehash.h"
+
+typedef struct Acc
+{
+	accpage_hash *pages;
+	MemoryContext cxt;
+	int64		last_pageno;	/* the page a posting last reached, and its data */
+	AccData    *last;
+	int64		members;		/* chunks with a partial score */
+} Acc;
+
+/* The page of chunk ids pageno << ACC_PAGE_BITS and on, made (no chunk stamped) when absent. */
+static inline AccData *
+acc_page(Acc *a, int64 pageno)
+{
+	if (pageno != a->last_pageno)
+	{
+		bool		found;
+		AccPage    *page = accpage_insert(a->pages, pageno, &found);
+
+		if (!found)
+		{
+			page->data = MemoryContextAlloc(a->cxt, sizeof(AccData));
+			memset(page->data->stamp, 0, sizeof(page->data->stamp));
+		}
+		a->last_pageno = pageno;
+		a->last = page->data;
+	}
+	return a->last;
+}
 
 typedef struct QueryTerm
 {
@@ -119,6 +166,8 @@ typedef struct Postings
 	IndexScanDesc probe_scan;	/* and the blocks that may hold a chunk */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
+	AttrNumber	att_max_tf;
+	AttrNumber	att_min_dl;
 	AttrNumber	att_tfs;
 	AttrNumber	att_dls;
 	AttrNumber	att_offs;
@@ -179,6 +228,8 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 	p->index = index_open(index_oid, AccessShareLock);
 	p->att_first = column(p->heap, "first_chunk");
 	p->att_last = column(p->heap, "last_chunk");
+	p->att_max_tf = column(p->heap, "max_tf");
+	p->att_min_dl = column(p->heap, "min_dl");
 	p->att_tfs = column(p->heap, "tfs");
 	p->att_dls = column(p->heap, "dls");
 	p->att_offs = column(p->heap, "offs");
@@ -195,6 +246,8 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
 	p->term_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
+	/* A scan may skip a block on its index tuple's first_chunk, without reading the block's row. */
+	p->term_scan->xs_want_itup = true;
 	p->probe_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 4, 0);
 	p->scratch = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel block", ALLOCSET_SMALL_SIZES);
 }
@@ -313,26 +366,76 @@ range_holds(const Hit *cands, int64 n, int64 lo, int64 hi)
 }
 
 /*
- * Call `visit` on every block of term t's postings; blocks whose chunk range holds none of the candidates
- * `cands` (when given; sorted by chunk id) are skipped undecoded.
+ * Whether a candidate among `cands` (n of them, sorted by chunk id) in [lo, hi] reaches theta with `add` added
+ * to its score.
+ */
+static inline bool
+may_reach(const Hit *cands, int64 n, int64 lo, int64 hi, double add, double theta)
+{
+	int64		l;
+
+	for (l = lower_bound(cands, n, lo); l < n && cands[l].cid <= hi; l++)
+		if (cands[l].score + add >= theta)
+			return true;
+	return false;
+}
+
+/*
+ * What a scan of a remaining term skips: the blocks that hold none of the candidates `cands` (sorted by chunk
+ * id), and those whose largest contribution (at the block's max_tf and min_dl) cannot lift any candidate they
+ * may hold to theta, with `rest` (the bounds of the terms after it) added. A candidate a skipped block leaves
+ * short of the term's contribution cannot reach theta: the next pruning drops it, or the final cut does, and
+ * theta, the k-th best of scores that are all at most the chunks' true ones, never exceeds the true k-th best.
+ */
+typedef struct Skip
+{
+	const Hit  *cands;
+	int64		n;
+	double		theta;
+	double		rest;
+} Skip;
+
+/*
+ * Call `visit` on every block of term t's postings, but those `skip` (when given) skips undecoded. A block holds
+ * chunks of [first_chunk, first_chunk + max_span]: a block none of whose candidates lie there is skipped on
+ * its index tuple, without reading its row.
  */
 typedef void (*BlockVisitor) (void *arg, QueryTerm *t, const PostingBlock *block);
 
 static void
-scan_term(Postings *p, QueryTerm *t, const Hit *cands, int64 ncands, BlockVisitor visit, void *arg)
+scan_term(Postings *p, QueryTerm *t, const Skip *skip, BlockVisitor visit, void *arg)
 {
+	IndexScanDesc scan = p->term_scan;
 	ScanKeyData keys[2];
-	PostingBlock	   *block = palloc(sizeof(PostingBlock));
+	PostingBlock *block = palloc(sizeof(PostingBlock));
 	bool		isnull;
 
 	term_keys(p, keys, t);
-	index_rescan(p->term_scan, keys, 2, NULL, 0);
-	while (index_getnext_slot(p->term_scan, ForwardScanDirection, p->slot))
+	index_rescan(scan, keys, 2, NULL, 0);
+	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (!range_holds(cands, ncands, DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull)),
-						 DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull))))
-			continue;
+		if (skip != NULL)
+		{
+			int64		first = DatumGetInt64(index_getattr(scan->xs_itup, 3, scan->xs_itupdesc, &isnull));
+
+			if (!range_holds(skip->cands, skip->n, first, first + t->max_span))
+				continue;
+		}
+		if (!index_fetch_heap(scan, p->slot))
+			continue;			/* no version of the row visible to the snapshot */
+		if (skip != NULL)
+		{
+			double		add = contribution(p, t->wk,
+										   DatumGetInt32(slot_getattr(p->slot, p->att_max_tf, &isnull)),
+										   DatumGetInt32(slot_getattr(p->slot, p->att_min_dl, &isnull))) +
+				skip->rest;
+			int64		first = DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull));
+			int64		last = DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull));
+
+			if (!may_reach(skip->cands, skip->n, first, last, add, skip->theta))
+				continue;
+		}
 		read_block(p, block);
 		visit(arg, t, block);
 	}
@@ -368,12 +471,30 @@ probe(Postings *p, QueryTerm *t, int64 cid, PostingBlock *block)
 	return 0;
 }
 
-/* What the block visitors add to. */
+/*
+ * What an essential term's postings add to, and the chunks it reached, each once, with its score as it first
+ * reached it (lower than the chunk's score after the term only where the chunk had two postings of the term).
+ */
 typedef struct Accumulate
 {
-	acc_hash   *acc;
+	Acc		   *acc;
 	Postings   *p;
+	uint16		stamp;			/* the term's stamp */
+	Hit		   *reached;
+	int64		n;
+	int64		cap;
 } Accumulate;
+
+/* Room in a->reached for n more. */
+static void
+reach_room(Accumulate *a, int64 n)
+{
+	if (a->n + n > a->cap)
+	{
+		a->cap = Max(a->cap * 2, a->n + n);
+		a->reached = repalloc_huge(a->reached, sizeof(Hit) * a->cap);
+	}
+}
 
 /* Essential terms: every posting adds to the accumulator. */
 static void
@@ -382,13 +503,28 @@ accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 	Accumulate *a = arg;
 	int			i;
 
+	reach_room(a, block->n);
 	for (i = 0; i < block->n; i++)
 	{
-		bool		found;
-		AccEntry   *e = acc_insert(a->acc, block->cid[i], &found);
+		int64		cid = block->cid[i];
+		AccData    *d = acc_page(a->acc, cid >> ACC_PAGE_BITS);
+		int			o = (int) (cid & (ACC_PAGE - 1));
 		double		c = contribution(a->p, t->wk, block->tf[i], block->dl[i]);
 
-		e->score = found ? e->score + c : c;
+		if (d->stamp[o] == 0)
+		{
+			d->score[o] = c;
+			a->acc->members++;
+		}
+		else
+			d->score[o] += c;
+		if (d->stamp[o] != a->stamp)
+		{
+			d->stamp[o] = a->stamp;
+			a->reached[a->n].cid = cid;
+			a->reached[a->n].score = d->score[o];
+			a->n++;
+		}
 	}
 }
 
@@ -429,9 +565,12 @@ add_to_held(void *arg, QueryTerm *t, const PostingBlock *block)
 	}
 }
 
-/* The k-th largest of scores[0..n) (n >= k >= 1); reorders the array. */
+/*
+ * The k-th largest score of hits[0..n) (n >= k >= 1); reorders the array so that its first k are the k
+ * largest.
+ */
 static double
-kth_largest(double *s, int64 n, int64 k)
+kth_hit(Hit *s, int64 n, int64 k)
 {
 	int64		lo = 0;
 	int64		hi = n - 1;
@@ -439,20 +578,20 @@ kth_largest(double *s, int64 n, int64 k)
 
 	while (lo < hi)
 	{
-		double		pivot = s[lo + (hi - lo) / 2];
+		double		pivot = s[lo + (hi - lo) / 2].score;
 		int64		i = lo;
 		int64		j = hi;
 
 		CHECK_FOR_INTERRUPTS();
 		while (i <= j)
 		{
-			while (s[i] > pivot)
+			while (s[i].score > pivot)
 				i++;
-			while (s[j] < pivot)
+			while (s[j].score < pivot)
 				j--;
 			if (i <= j)
 			{
-				double		x = s[i];
+				Hit			x = s[i];
 
 				s[i] = s[j];
 				s[j] = x;
@@ -467,7 +606,27 @@ kth_largest(double *s, int64 n, int64 k)
 		else
 			break;
 	}
-	return s[target];
+	return s[target].score;
+}
+
+/* A buffer of hits grown to hold n or more (its contents are not kept). */
+typedef struct HitBuf
+{
+	Hit		   *hit;
+	int64		cap;
+} HitBuf;
+
+static Hit *
+hit_buf(HitBuf *b, int64 n)
+{
+	if (n > b->cap)
+	{
+		if (b->hit != NULL)
+			pfree(b->hit);
+		b->cap = Max(n, 2 * b->cap);
+		b->hit = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(Hit) * b->cap);
+	}
+	return b->hit;
 }
 
 /*
@@ -493,35 +652,57 @@ below(double kth)
 	return kth * (1 - 1e-9) - 1 / SCORE_GRID;
 }
 
+/*
+ * theta once an essential term is summed (`a`, the chunks it reached): the k-th best partial score. The best k
+ * now are among the chunks the term reached and the best k before it (any other kept its score, below those
+ * k), so it is found among them; top[0..*ntop) (room for k) becomes the best k now.
+ */
 static double
-threshold(acc_hash *acc, int64 k, double *buf)
+essential_theta(Accumulate *a, int64 k, int64 *top, int64 *ntop)
 {
-	acc_iterator it;
-	AccEntry   *e;
-	int64		n = 0;
+	Hit		   *hits;
+	int64		n;
+	int64		i;
+	double		kth;
 
-	if ((int64) acc->members < k)
-		return 0;
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	reach_room(a, *ntop);
+	hits = a->reached;
+	n = a->n;
+	for (i = 0; i < *ntop; i++)
 	{
-		CHECK_FOR_INTERRUPTS();
-		buf[n++] = e->score;
+		AccData    *d = acc_page(a->acc, top[i] >> ACC_PAGE_BITS);
+		int			o = (int) (top[i] & (ACC_PAGE - 1));
+
+		if (d->stamp[o] != a->stamp)
+		{
+			hits[n].cid = top[i];
+			hits[n].score = d->score[o];
+			n++;
+		}
 	}
-	return below(kth_largest(buf, n, k));
+	if (n == 0)
+	{
+		*ntop = 0;
+		return 0;
+	}
+	kth = kth_hit(hits, n, Min(n, k));
+	*ntop = Min(n, k);
+	for (i = 0; i < *ntop; i++)
+		top[i] = hits[i].cid;
+	return n < k ? 0 : below(kth);
 }
 
-/* theta over the held chunks; buf holds at least h->n scores. */
+/* theta over the held chunks. */
 static double
-held_threshold(const Held *h, int64 k, double *buf)
+held_threshold(const Held *h, int64 k, HitBuf *buf)
 {
-	int64		i;
+	Hit		   *hits;
 
 	if (h->n < k)
 		return 0;
-	for (i = 0; i < h->n; i++)
-		buf[i] = h->hit[i].score;
-	return below(kth_largest(buf, h->n, k));
+	hits = hit_buf(buf, h->n);
+	memcpy(hits, h->hit, sizeof(Hit) * h->n);
+	return below(kth_hit(hits, h->n, k));
 }
 
 static int
@@ -535,63 +716,6 @@ hit_order(const void *a, const void *b)
 	return x->cid < y->cid ? -1 : (x->cid > y->cid ? 1 : 0);
 }
 
-/*
- * The n hits sorted by chunk id (distinct): a least-significant-digit radix sort of the ids' offsets from the
- * lowest, RADIX_BITS a pass (two passes for a range of up to four million ids), in linear time.
- */
-#define RADIX_BITS 11
-
-static void
-sort_hits_by_cid(Hit *hits, int64 n)
-{
-	Hit		   *from = hits;
-	Hit		   *to;
-	int64		lo = PG_INT64_MAX;
-	int64		hi = PG_INT64_MIN;
-	uint64		span;
-	int			shift;
-	int64		i;
-
-	if (n < 2)
-		return;
-	for (i = 0; i < n; i++)
-	{
-		lo = Min(lo, hits[i].cid);
-		hi = Max(hi, hits[i].cid);
-	}
-	span = (uint64) hi - (uint64) lo;
-	to = palloc(sizeof(Hit) * n);
-	for (shift = 0; shift < 64 && (span >> shift) != 0; shift += RADIX_BITS)
-	{
-		int64		start[1 << RADIX_BITS] = {0};
-		int64		sum = 0;
-		Hit		   *swap;
-		int			d;
-
-		CHECK_FOR_INTERRUPTS();
-		for (i = 0; i < n; i++)
-			start[(((uint64) from[i].cid - (uint64) lo) >> shift) & ((1 << RADIX_BITS) - 1)]++;
-		for (d = 0; d < (1 << RADIX_BITS); d++)
-		{
-			int64		c = start[d];
-
-			start[d] = sum;
-			sum += c;
-		}
-		for (i = 0; i < n; i++)
-			to[start[(((uint64) from[i].cid - (uint64) lo) >> shift) & ((1 << RADIX_BITS) - 1)]++] = from[i];
-		swap = from;
-		from = to;
-		to = swap;
-	}
-	if (from != hits)
-	{
-		memcpy(hits, from, sizeof(Hit) * n);
-		to = from;
-	}
-	pfree(to);
-}
-
 static int
 term_order(const void *a, const void *b)
 {
@@ -603,31 +727,48 @@ term_order(const void *a, const void *b)
 	return x->df < y->df ? -1 : (x->df > y->df ? 1 : 0);
 }
 
+static int
+page_order(const void *a, const void *b)
+{
+	int64		x = (*(AccPage *const *) a)->pageno;
+	int64		y = (*(AccPage *const *) b)->pageno;
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
 /*
- * The chunks of the accumulator whose score plus `bound` reaches theta, sorted by chunk id when `sorted` (the
- * remaining terms merge with them in that order).
+ * The chunks of the accumulator whose score plus `bound` reaches theta, in chunk order (its pages in order).
  */
 static void
-hold(acc_hash *acc, double bound, double theta, bool sorted, Held *h)
+hold(Acc *a, double bound, double theta, Held *h)
 {
-	acc_iterator it;
-	AccEntry   *e;
+	accpage_iterator it;
+	AccPage    *page;
+	AccPage   **pages = palloc(sizeof(AccPage *) * Max(a->pages->members, 1));
+	int64		npages = 0;
+	int64		i;
 
-	h->hit = palloc(sizeof(Hit) * Max(acc->members, 1));
+	accpage_start_iterate(a->pages, &it);
+	while ((page = accpage_iterate(a->pages, &it)) != NULL)
+		pages[npages++] = page;
+	qsort(pages, npages, sizeof(AccPage *), page_order);
+	h->hit = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(Hit) * Max(a->members, 1));
 	h->n = 0;
-	acc_start_iterate(acc, &it);
-	while ((e = acc_iterate(acc, &it)) != NULL)
+	for (i = 0; i < npages; i++)
 	{
+		const AccData *d = pages[i]->data;
+		int			o;
+
 		CHECK_FOR_INTERRUPTS();
-		if (e->score + bound >= theta)
-		{
-			h->hit[h->n].cid = e->cid;
-			h->hit[h->n].score = e->score;
-			h->n++;
-		}
+		for (o = 0; o < ACC_PAGE; o++)
+			if (d->stamp[o] != 0 && d->score[o] + bound >= theta)
+			{
+				h->hit[h->n].cid = pages[i]->pageno * ACC_PAGE + o;
+				h->hit[h->n].score = d->score[o];
+				h->n++;
+			}
 	}
-	if (sorted)
-		sort_hits_by_cid(h->hit, h->n);
+	pfree(pages);
 }
 
 /* Drop the held chunks whose score plus `bound` stays below theta, keeping the others in order. */
@@ -689,13 +830,17 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	QueryTerm  *qt;
 	double	   *after;
 	Postings	p;
-	acc_hash   *acc;
-	double	   *buf;
+	Acc			acc;
+	HitBuf		buf = {NULL, 0};
+	int64	   *top = NULL;
+	int64		ntop = 0;
+	int64		topcap = 0;
 	double		theta = 0;
 	int			i;
 	int			j;
 	Accumulate	arg;
 	Held		held;
+	Skip		skip;
 	int64		nhits = 0;
 	int64		h;
 	PostingBlock	   *block;
@@ -753,28 +898,40 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		after[i] = after[i + 1] + qt[i].ub;
 
 	/*
-	 * Essential terms: summed while a chunk none of them holds could still reach theta. The accumulator starts
-	 * at the size the first two terms can fill (it grows by rehashing every entry).
+	 * Essential terms: summed while a chunk none of them holds could still reach theta. Each term's stamp tells
+	 * the chunks it reached from the others (stamps wrap past 65,535 terms: a chunk then left out of theta's
+	 * reckoning only lowers theta, which stays safe). top: the best k so far, at most as many as the chunks
+	 * held.
 	 */
-	acc = acc_create(work, Max(1024, Min(qt[0].df + (nterms > 1 ? qt[1].df : 0), PG_INT32_MAX / 2)), NULL);
-	arg.acc = acc;
+	acc.pages = accpage_create(work, 256, NULL);
+	acc.cxt = work;
+	acc.last_pageno = PG_INT64_MIN;
+	acc.last = NULL;
+	acc.members = 0;
+	arg.acc = &acc;
 	arg.p = &p;
-	buf = NULL;
+	arg.cap = Max(1024, Min(qt[0].df, PG_INT32_MAX / 2));
+	arg.reached = MemoryContextAllocHuge(work, sizeof(Hit) * arg.cap);
 	for (i = 0; i < nterms && (i == 0 || after[i] >= theta); i++)
 	{
-		scan_term(&p, &qt[i], NULL, 0, accumulate, &arg);
-		if (buf != NULL)
-			pfree(buf);
-		buf = palloc(sizeof(double) * Max(acc->members, 1));
-		theta = threshold(acc, k, buf);
-	}
+		int64		need;
 
-	/*
-	 * The rest: added to the chunks that can still reach theta, which rises as they do. theta's buffer holds
-	 * the accumulator's scores, as many as the held chunks or more.
-	 */
-	hold(acc, after[i], theta, i < nterms, &held);
-	acc_destroy(acc);
+		arg.stamp = (uint16) (i % PG_UINT16_MAX) + 1;
+		arg.n = 0;
+		scan_term(&p, &qt[i], NULL, accumulate, &arg);
+		need = Max(Min(k, acc.members), 1);
+		if (need > topcap)
+		{
+			top = top == NULL ? MemoryContextAllocHuge(work, sizeof(int64) * need)
+				: repalloc_huge(top, sizeof(int64) * need);
+			topcap = need;
+		}
+		theta = essential_theta(&arg, k, top, &ntop);
+	}
+	pfree(arg.reached);
+
+	/* The rest: added to the chunks that can still reach theta, which rises as they do. */
+	hold(&acc, after[i], theta, &held);
 	held.p = &p;
 	for (j = i; j < nterms; j++)
 	{
@@ -791,8 +948,14 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 			pfree(block);
 		}
 		else
-			scan_term(&p, &qt[j], held.hit, held.n, add_to_held, &held);
-		theta = held_threshold(&held, k, buf);
+		{
+			skip.cands = held.hit;
+			skip.n = held.n;
+			skip.theta = theta;
+			skip.rest = after[j + 1];
+			scan_term(&p, &qt[j], &skip, add_to_held, &held);
+		}
+		theta = held_threshold(&held, k, &buf);
 	}
 	postings_close(&p);
 

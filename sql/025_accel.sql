@@ -159,3 +159,18 @@ begin
     return query select u.cid, u.bm25 from unnest(kept_ids, kept_scores) as u(cid, bm25);
 end;
 $$;
+
+-- Whether agentdb.retrieve executes its statement prepared once per backend (agentdb_accel.execute_cached,
+-- ext/agentdb_accel_plans.c) rather than by EXECUTE, which parses, analyses and plans it on every call: when the
+-- extension offers it to the current role, and neither agentdb.lexical_path is 'sql' (the plain SQL path,
+-- AGENTDB_LEXICAL_PATH=sql) nor agentdb.plan_cache is 'off' (bench/accel_plans.py compares the two).
+create or replace function agentdb_internal.plans_cached() returns boolean
+language sql stable as $$
+select coalesce(current_setting('agentdb.lexical_path', true), '') <> 'sql'
+       and coalesce(current_setting('agentdb.plan_cache', true), '') <> 'off'
+       and coalesce((select has_function_privilege(x.oid, 'execute')
+                            and has_schema_privilege(x.pronamespace, 'usage')
+                     from pg_catalog.pg_proc x
+                     where x.proname = 'execute_cached' and x.pronamespace = to_regnamespace('agentdb_accel')),
+                    false)
+$$;
