@@ -371,12 +371,22 @@ begin
 end;
 $$;
 
+-- The column of a distributed source's rows whose value its postings carry in their distribution column
+-- (agentdb.postings.doc_id): the document id, or `agentdb_tenant` for a source distributed by its tenant field
+-- (agentdb/db/distribute.py), so that a chunk's postings live on its shard. Null for a source on one node.
+create or replace function agentdb_internal.route_column(src agentdb.sources) returns text
+language sql immutable as $$
+select case when not src.distributed then null
+            when src.tenant_field is not null then 'agentdb_tenant' else 'doc_id' end
+$$;
+
 -- The lexical triggers' work, done by the writer of a source whose table cannot have triggers (a table
 -- distributed by Citus: agentdb/db/distribute.py): op 'add' after the writer inserted the chunks of documents
 -- `doc_ids`, 'remove' before it deletes them. The same statements as the triggers (agentdb.lexical_add_sql,
 -- agentdb.lexical_remove_sql, agentdb_internal.lexical_apply), over those documents' rows instead of a
 -- transition table, in the writer's transaction: the statistics (agentdb.term_stats, agentdb.corpus_stats, one
--- copy for the whole source) change with the rows, all or nothing (across the nodes, a two-phase commit).
+-- copy for the whole source) change with the rows, all or nothing (across the nodes, a two-phase commit), and
+-- so do the field-derived edges of the source's indexes (agentdb_internal.index_write, the triggers' last step).
 create or replace function agentdb_internal.lexical_write(source_id int, op text, doc_ids text[]) returns void
 language plpgsql as $$
 declare
@@ -406,11 +416,11 @@ begin
                 delete from agentdb.postings p
                 using %s o cross join lateral unnest(o.agentdb_tsv) as t
                 where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id
-                  and p.doc_id = o.doc_id
+                  and p.doc_id = o.%I
                 returning p.term
             )
             select coalesce(array_agg(term order by term), '{}'), coalesce(array_agg(n order by term), '{}')
-            from (select term, count(*)::int as n from gone group by term) g$q$, rel)
+            from (select term, count(*)::int as n from gone group by term) g$q$, rel, agentdb_internal.route_column(src))
             into removed_terms, removed_dfs using src.id, doc_ids;
         update agentdb.corpus_stats c set n_chunks = c.n_chunks - removed_chunks, total_len = c.total_len - removed_len
         where c.source_id = src.id;
@@ -419,13 +429,16 @@ begin
         where s.source_id = src.id and s.term = g.term;
         delete from agentdb.term_stats s where s.source_id = src.id and s.df <= 0;
     elsif op = 'remove' then
-        foreach stmt in array agentdb.lexical_remove_sql(rel, layout, 'doc_id') loop
+        foreach stmt in array agentdb.lexical_remove_sql(rel, layout, agentdb_internal.route_column(src)) loop
             execute stmt using src.id, doc_ids;
         end loop;
     else
-        execute agentdb.lexical_add_sql(rel, layout, false, 'doc_id') into delta using src.id, doc_ids;
+        execute agentdb.lexical_add_sql(rel, layout, false, agentdb_internal.route_column(src))
+            into delta using src.id, doc_ids;
         perform agentdb_internal.lexical_apply(src.id, delta);
     end if;
+    -- As the triggers do after their own statements (the corpus_stats row, the write lock, is held by now).
+    perform agentdb_internal.index_write(src.id, op, doc_ids);
 end;
 $$;
 
@@ -465,7 +478,7 @@ begin
     delete from agentdb.posting_blocks where source_id = src.id;
     delete from agentdb.term_stats where source_id = src.id;
     execute agentdb.lexical_add_sql(format('%I.%I', src.table_schema, src.table_name), src.lexical_layout, true,
-                                    case when src.distributed then 'doc_id' end)
+                                    agentdb_internal.route_column(src))
         into delta using src.id;
     perform agentdb_internal.lexical_apply(src.id, delta);
 end;

@@ -1129,6 +1129,50 @@ begin
 end;
 $$;
 
+-- What the filter parser knows of a source: its `fields` by name, and the prefix of error paths.
+create or replace function agentdb_internal.filter_context(fields jsonb, path_prefix text) returns jsonb
+language sql immutable as $$
+select jsonb_build_object(
+    'prefix', coalesce(path_prefix, ''),
+    'fields', coalesce((
+        select jsonb_object_agg(f->>'name', jsonb_build_object(
+            'name', f->>'name',
+            'type', f->>'type',
+            'filterable', coalesce((f->>'filterable')::boolean, true),
+            'column', f->'column',
+            'default', f->'default'))
+        from jsonb_array_elements(coalesce(fields, '[]'::jsonb)) f
+        where jsonb_typeof(f->'name') = 'string'), '{}'::jsonb))
+$$;
+
+-- The string that `filter` (any syntax agentdb_internal.compile_filter takes, over `fields`) requires field
+-- `field` to equal, or null: an equality on it ({"F": "x"}, {"F": {"$eq": "x"}}, a term query) standing alone
+-- or among the ANDed conditions at the top of the filter, so every row the filter keeps has that value. A
+-- source distributed by its tenant field reads one shard under it (agentdb.retrieve's tenant routing).
+create or replace function agentdb_internal.filter_fixed_value(fields jsonb, filter jsonb, field text) returns text
+language plpgsql stable as $$
+declare
+    todo jsonb[];
+    node jsonb;
+begin
+    if filter is null or filter in ('null'::jsonb, '{}'::jsonb, '""'::jsonb) then
+        return null;
+    end if;
+    todo := array[(agentdb_internal.filter_parse(agentdb_internal.filter_context(fields, ''), filter, '', 1, 0, 0)).ast];
+    while cardinality(todo) > 0 loop
+        node := todo[1];
+        todo := todo[2:];
+        if node->>'t' = 'and' then
+            todo := todo || array(select jsonb_array_elements(node->'args'));
+        elsif node->>'t' = 'cmp' and node->>'op' = 'eq' and node->>'f' = field
+              and jsonb_typeof(node->'v') = 'string' then
+            return node->>'v';
+        end if;
+    end loop;
+    return null;
+end;
+$$;
+
 -- Compile a metadata filter against a source's field schema (agentdb.sources.fields) into a predicate
 -- over the row alias `c` and the jsonb array of values it reads as (params_ref->N): the caller binds
 -- `params` as `params_ref` in its statement. `id_expr` is trusted SQL naming the document id. An empty
@@ -1148,17 +1192,7 @@ begin
         return next;
         return;
     end if;
-    ctx := jsonb_build_object(
-        'prefix', coalesce(path_prefix, ''),
-        'fields', coalesce((
-            select jsonb_object_agg(f->>'name', jsonb_build_object(
-                'name', f->>'name',
-                'type', f->>'type',
-                'filterable', coalesce((f->>'filterable')::boolean, true),
-                'column', f->'column',
-                'default', f->'default'))
-            from jsonb_array_elements(coalesce(compile_filter.fields, '[]'::jsonb)) f
-            where jsonb_typeof(f->'name') = 'string'), '{}'::jsonb));
+    ctx := agentdb_internal.filter_context(compile_filter.fields, path_prefix);
     -- The size as jsonb (pg_column_size reads the header, whatever the size): long strings are user input too.
     if pg_column_size(filter) > 1048576 then
         perform agentdb_internal.filter_fail(ctx, 'too_large', '', 'the filter is larger than 1048576 bytes');

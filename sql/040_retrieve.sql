@@ -296,6 +296,26 @@ create or replace function agentdb_internal.default_rrf_k() returns int
 language sql immutable parallel safe
 as $$ select 60 $$;
 
+-- SET LOCAL the setting `name` (quoted part by part) to `value`, for agentdb.retrieve. A SET LOCAL
+-- statement, not set_config: with citus.propagate_set_commands 'local', Citus records a SET LOCAL to send to
+-- the workers at the start of their part of the transaction, which set_config, a function call, is not. It
+-- records one run in an explicit transaction block or inside a function called from a query, which a
+-- statement of retrieve's own body is not (Citus counts executor levels): hence this function. Where SET
+-- commands are not propagated (one node, or a source that is not distributed) set_config does the same
+-- without parsing a statement on every call.
+create or replace function agentdb_internal.set_local(name text, value text) returns void
+language plpgsql as $$
+begin
+    if coalesce(current_setting('citus.propagate_set_commands', true), 'none') = 'none' then
+        perform set_config(name, value, true);
+        return;
+    end if;
+    execute format('set local %s = %s',
+                   (select string_agg(quote_ident(part), '.') from unnest(string_to_array(name, '.')) part),
+                   quote_literal(value));
+end;
+$$;
+
 -- Search one source. Returns {"route", "hits": [...], "diagnostics": {...}} as json, each hit's keys in the
 -- order id, chunk, rank, score, distance, bm25_score, rank_dense, rank_sparse, title, text, metadata (cast it
 -- to jsonb for jsonb's operators). The page is written once, as text: built as jsonb, every number went
@@ -346,7 +366,10 @@ create or replace function agentdb.retrieve(
 ) returns json
 language plpgsql
 set hnsw.iterative_scan = 'relaxed_order'
-set hnsw.ef_search = 40
+-- The default of the ef_search argument, which each call sets: on a coordinator this is the database's default
+-- (agentdb.db.distribute.carry_retrieve_settings), which a shard statement runs under when the call's own SET
+-- LOCAL does not reach it (a statement on one shard, outside a transaction block).
+set hnsw.ef_search = 100
 set hnsw.max_scan_tuples = 100000
 -- Turned off below for an unfiltered dense leg; restored when the function returns.
 set enable_seqscan = on
@@ -398,6 +421,9 @@ declare
     rel text;           -- the relation read for the current role (agentdb.source_relation)
     open_rows boolean;  -- no filter, no row filter, and no row-level security in force for the current role
     lexical_path text;  -- 'accel': agentdb's C cursor (sql/025_accel.sql) serves the lexical leg; 'sql': plain SQL
+    tenant text;        -- the tenant the read is fixed to, on a source distributed by its tenant field ($27)
+    route_c text;       -- the condition on the rows (c) and on the postings (p) that names the tenant's shard
+    route_p text;
 begin
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
         perform agentdb.invalid_param(
@@ -450,6 +476,21 @@ begin
     if exclude_doc is not null then
         pred := format('(%s) and %s is distinct from $14', pred, r.doc_id);
     end if;
+    -- Tenant routing (agentdb/db/distribute.py): on a source distributed by its tenant field, a read whose
+    -- filter, filter query or row filter (the one passed, or the active principal's own) requires that field
+    -- to equal a string reads only that tenant's rows, so every statement on the source's rows and postings
+    -- also names the tenant's value in their distribution columns and Citus sends it to that one shard. The
+    -- condition only restates what the filter requires (the filter is applied as before).
+    if agentdb_internal.route_column(src) = 'agentdb_tenant' then
+        tenant := coalesce(
+            agentdb_internal.filter_fixed_value(src.fields, scope->'filter', src.tenant_field),
+            agentdb_internal.filter_fixed_value(src.fields, scope->'filter_query', src.tenant_field),
+            agentdb_internal.filter_fixed_value(src.fields, scope->'row_filter', src.tenant_field),
+            case when principal then
+                agentdb_internal.filter_fixed_value(src.fields, agentdb.principal_row_filter(), src.tenant_field) end);
+    end if;
+    route_c := case when tenant is null then 'true' else 'c.agentdb_tenant = $27' end;
+    route_p := case when tenant is null then '' else ' and p.doc_id = $27' end;
 
     diag := jsonb_build_object(
         'source', src.name, 'top_k', top_k,
@@ -487,7 +528,14 @@ begin
     -- The iterative scan (relaxed order, re-sorted exactly below) goes on past ef_search until `cand` rows are
     -- found, so ef_search need not grow with the candidates: a small ef finds the same rows as a large one,
     -- sooner.
-    perform set_config('hnsw.ef_search', ef_search::text, true);
+    -- The call's settings are SET LOCAL statements (agentdb_internal.set_local), which on a source distributed
+    -- by Citus, with citus.propagate_set_commands 'local' (for this call: the function's SET clauses restore it
+    -- on return), go to the workers too, at the start of each worker's transaction: the shards run the legs
+    -- under them as well. They are reset after the statement (below).
+    if src.distributed then
+        perform set_config('citus.propagate_set_commands', 'local', true);
+    end if;
+    perform agentdb_internal.set_local('hnsw.ef_search', ef_search::text);
     -- Deep pages: asked for a few hundred candidates of a few thousand chunks, the planner prefers an exact
     -- scan of every vector (detoasting each) to the HNSW index, which is faster there and ranks as well.
     -- Without a filter or row security the index is always the better plan; with them the planner keeps its
@@ -495,7 +543,7 @@ begin
     open_rows := pred = 'true' and row_pred = 'true' and not principal
                  and not row_security_active(format('%I.%I', src.table_schema, src.table_name)::regclass);
     if use_dense and open_rows then
-        perform set_config('enable_seqscan', 'off', true);
+        perform agentdb_internal.set_local('enable_seqscan', 'off');
     end if;
 
     -- The dense leg reads each row it returns anyway, so it carries the row's document and chunk: only the
@@ -506,9 +554,9 @@ begin
             select c.agentdb_chunk_id as cid, (c.agentdb_embedding <=> $1)::float8 as distance,
                    %s as doc_id, %s as chunk
             from %s c
-            where c.agentdb_embedding is not null and (%s) and (%s)
+            where c.agentdb_embedding is not null and %s and (%s) and (%s)
             order by c.agentdb_embedding <=> $1
-            limit $3 $q$, r.doc_id, r.chunk, rel, pred, row_pred);
+            limit $3 $q$, r.doc_id, r.chunk, rel, route_c, pred, row_pred);
     else
         dense_sql := 'select null::bigint as cid, null::float8 as distance, null::text as doc_id, null::int as chunk'
                      ' where false';
@@ -523,8 +571,10 @@ begin
     -- there takes no subquery), so its lexical leg always joins the rows it can read.
     filter_join := case when open_rows or (principal and not src.distributed and pred = 'true' and row_pred = 'true')
                    then ''
-                   else format('join %s c on %sc.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
-                               rel, case when src.distributed then 'c.doc_id = s.doc_id and ' end, pred, row_pred) end;
+                   else format('join %s c on %sc.agentdb_chunk_id = s.chunk_id where %s and (%s) and (%s)',
+                               rel, case when src.distributed
+                                         then format('c.%I = s.doc_id and ', agentdb_internal.route_column(src)) end,
+                               route_c, pred, row_pred) end;
     select * into qt from agentdb_internal.query_terms(src.id, query_tsv, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
     -- The C cursor reads the block layout of one node's postings; a source in rows, or distributed by Citus
     -- (its postings live in the workers' shards), takes the SQL path (sql/025_accel.sql).
@@ -542,11 +592,11 @@ begin
             from (select p.doc_id, p.chunk_id,
                          sum(t.wk * p.tf / (p.tf + ($12 * (1 - $13)) + ($12 * $13 / $11) * p.dl)) as known
                   from unnest($2, $21) as t(term, wk)
-                  join agentdb.postings p on p.source_id = $9 and p.term = t.term
+                  join agentdb.postings p on p.source_id = $9 and p.term = t.term%s
                   group by p.doc_id, p.chunk_id) s
             %s
             order by bm25 desc, cid
-            limit $3 $q$, filter_join);
+            limit $3 $q$, route_p, filter_join);
     elsif lexical_path = 'accel' then
         sparse_sql := format(
             'select m.cid, m.bm25 from agentdb_internal.bm25_accel($9, $2, $21, $22, $23, $24, $25, $3, $11, $12,'
@@ -604,9 +654,9 @@ begin
         union all
         select fs.*, k.doc_id, k.chunk
         from fs join (select c.agentdb_chunk_id as cid, %s as doc_id, %s as chunk from %s c
-                      where c.agentdb_chunk_id = any (array(select fs.cid from fs
+                      where %s and c.agentdb_chunk_id = any (array(select fs.cid from fs
                                                             where fs.rank_dense is null and (%%1$s)))) k
-             on k.cid = fs.cid $q$, r.doc_id, r.chunk, rel)
+             on k.cid = fs.cid $q$, r.doc_id, r.chunk, rel, route_c)
     else format($q$
         select fs.*, k.doc_id, k.chunk from fs cross join lateral (
             select fs.dense_doc_id as doc_id, fs.dense_chunk as chunk where fs.rank_dense is not null
@@ -638,7 +688,7 @@ begin
                    case when $16::text[] is null or 'title' = any($16) then %s end as title,
                    case when $16::text[] is null or 'text' = any($16) then %s end as text,
                    case when $16::text[] is null then %s else agentdb.project_metadata(%s, $16) end as metadata
-            from top t join %s c on c.agentdb_chunk_id = t.cid)
+            from top t join %s c on %s and c.agentdb_chunk_id = t.cid)
         select coalesce((select json_agg(p order by p.rank) from page p), '[]'),
                -- each result: its hit without rank, score, title and metadata
                case when $26 then coalesce((
@@ -655,13 +705,43 @@ begin
             'fs.score < (select score from edge) and (select count(distinct near.doc_id collate "C") from near) < $7')
             else '' end,
         r.title, r.body, r.metadata, r.metadata,
-        rel);
+        rel, route_c);
 
-    execute stmt into hits, results, n_hits, dense_raw, dense_kept, sparse_raw, fused_count using
-        query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
-        coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
-        fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
-        output_results;
+    -- With the accelerator the statement is prepared once per backend and shape (agentdb_internal.plans_cached):
+    -- its text depends only on the request's shape, and the planner setting chosen above is part of it, as a
+    -- kept plan is not planned again when a setting changes. Without a query or row filter in the statement
+    -- it is planned once for all values (a generic plan: the values left are depths, the query's terms and
+    -- vector, which choose no other plan); with one, as plan_cache_mode chooses, by default a custom plan for the
+    -- filter's values until a generic one is estimated to cost no more (a selective filter may want another
+    -- plan than the one the generic plan guessed). Else EXECUTE parses and plans it each call; so does a source
+    -- distributed by Citus, where kept statements are not tested.
+    if not src.distributed and agentdb_internal.plans_cached() then
+        if use_dense and open_rows then
+            stmt := '/* enable_seqscan off */' || stmt;
+        end if;
+        select * into hits, results, n_hits, dense_raw, dense_kept, sparse_raw, fused_count
+        from agentdb_accel.execute_cached(stmt, sc.pred = 'true' and sc.row_pred = 'true',
+            query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+            coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+            fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
+            output_results, tenant)
+            as t(hits json, results json, n_hits bigint, dense_raw bigint, dense_kept bigint, sparse_raw bigint,
+                 fused_count bigint);
+    else
+        execute stmt into hits, results, n_hits, dense_raw, dense_kept, sparse_raw, fused_count using
+            query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+            coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+            fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
+            output_results, tenant;
+    end if;
+    if src.distributed then
+        -- On the workers a SET LOCAL lasts until their transaction ends, so a caller's transaction block would
+        -- keep these for its later statements. RESET, which Citus sends to them only in a transaction block,
+        -- gives them the database's defaults there again (retrieve's own SET clauses:
+        -- agentdb.db.distribute.carry_retrieve_settings); here the function's return restores them.
+        reset hnsw.ef_search;
+        reset enable_seqscan;
+    end if;
 
     diag := diag || jsonb_build_object(
         'raw_result_count', case mode when 'dense' then dense_raw when 'lexical' then sparse_raw

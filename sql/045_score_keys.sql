@@ -46,13 +46,19 @@ begin
             from %2$s c where %1$s = any($1) and (%3$s) and (%4$s)),
         lex as (
             select p.chunk_id, sum(p.wk * p.tf / (p.tf + ($10 * (1 - $11)) + ($10 * $11 / $12) * p.dl)) as bm25
-            from agentdb_internal.term_postings($8, $3, $9) p
+            from %5$s p
             where p.chunk_id in (select cid from c)
             group by p.chunk_id)
         select c.doc_id, max(1 - (c.emb <=> $2))::float8, coalesce(max(l.bm25), 0)::float8
         from c left join lex l on l.chunk_id = c.cid
         group by c.doc_id $q$,
-        r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred)
+        r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred,
+        -- On a distributed source, term_postings' rows branch written out (the only layout there): Citus plans
+        -- no inlined SQL function over a distributed table (see agentdb.retrieve's lexical leg).
+        case when src.distributed
+             then '(select t.term, p.chunk_id, t.wk, p.tf, p.dl from unnest($3, $9) as t(term, wk)'
+                  ' join agentdb.postings p on p.source_id = $8 and p.term = t.term)'
+             else 'agentdb_internal.term_postings($8, $3, $9)' end)
         using keys, query_embedding, qt.held, s.filter_params, s.row_params, s.fq_params, s.ex_params,
               src.id, qt.weights, src.bm25_k1, src.bm25_b, avgdl;
 end;

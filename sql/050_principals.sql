@@ -149,6 +149,12 @@ create or replace function agentdb.principal_columns(src agentdb.sources, fields
 language sql immutable as $$
 select case when src.kind = 'documents' then
     array['agentdb_chunk_id', 'doc_id', 'chunk', 'agentdb_embedding']
+    -- the tenant column of a source distributed by its tenant field, with or without that field: it is the
+    -- distribution column every co-located join of a read names (hits never carry it, and a filter on a field
+    -- outside the grant still reads that field as null), and its values are the postings' distribution column
+    -- (agentdb.postings.doc_id), which the role reads already
+    || case when agentdb_internal.route_column(src) = 'agentdb_tenant' then array['agentdb_tenant']
+            else '{}'::text[] end
     || case when fields is null or 'title' = any(fields) then array['title'] else '{}'::text[] end
     || case when fields is null or 'text' = any(fields) then array['text'] else '{}'::text[] end
     || case when fields is null then array['metadata'] else '{}'::text[] end
@@ -191,7 +197,8 @@ begin
     from pg_attribute a
     where a.attrelid = rel and a.attnum > 0 and not a.attisdropped
       and a.attname = any (case when src.kind = 'documents'
-                                then array['agentdb_chunk_id', 'doc_id', 'chunk', 'title', 'text', 'agentdb_embedding']
+                                then array['agentdb_chunk_id', 'doc_id', 'chunk', 'title', 'text', 'agentdb_embedding',
+                                           'agentdb_tenant']
                                 else array[src.id_column, 'agentdb_chunk_id', 'agentdb_embedding'] || src.text_columns
                                      || case when src.title_column is null then '{}'::text[] else array[src.title_column] end
                                      || array(select f->>'column' from jsonb_array_elements(src.fields) f) end);
@@ -216,6 +223,13 @@ create or replace function agentdb.principal_row_filter_applies(row_filter jsonb
 language sql stable security definer set search_path = pg_catalog, pg_temp as $$
 select exists (select 1 from agentdb.principals p
                where p.role = current_setting('role')::name and p.row_filter is not distinct from $1)
+$$;
+
+-- The row filter of the principal whose role is active (the `role` setting, as above), or null. SECURITY
+-- DEFINER over agentdb.principals; it tells the caller about its own filter only.
+create or replace function agentdb.principal_row_filter() returns jsonb
+language sql stable security definer set search_path = pg_catalog, pg_temp as $$
+select p.row_filter from agentdb.principals p where p.role = current_setting('role')::name
 $$;
 
 -- Whether the active role may see field `field`: not when it is a principal's role whose field grant leaves

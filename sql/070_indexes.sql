@@ -117,7 +117,9 @@ $$;
 -- The transition tables are new_rows and old_rows; $1 is the source id. One probe of the catalog and no
 -- statement when the source has no field-derived index; otherwise one or two statements per index, set-based.
 -- An update rewrites the edges of the nodes whose key, node row or field value changed, and only those.
-create or replace function agentdb_internal.index_sync_sql(source_id int, event text) returns text[]
+-- `rel` replaces the transition table of an insert or a delete (agentdb_internal.index_write's rows).
+create or replace function agentdb_internal.index_sync_sql(source_id int, event text, rel text default null)
+returns text[]
 language plpgsql stable as $$
 declare
     src agentdb.sources;
@@ -137,9 +139,9 @@ begin
         if event = 'truncate' then
             stmts := stmts || format('delete from agentdb.edges where source_id = $1 and index_id = %s', idx.id);
         elsif event = 'insert' then
-            stmts := stmts || agentdb_internal.index_add_sql(src, idx, 'new_rows');
+            stmts := stmts || agentdb_internal.index_add_sql(src, idx, coalesce(rel, 'new_rows'));
         elsif event = 'delete' then
-            stmts := stmts || agentdb_internal.index_remove_sql(src, idx, 'old_rows');
+            stmts := stmts || agentdb_internal.index_remove_sql(src, idx, coalesce(rel, 'old_rows'));
         elsif event = 'update' then
             select * into o from agentdb_internal.index_row_sql(src, idx.field, 'o');
             select * into n from agentdb_internal.index_row_sql(src, idx.field, 'n');
@@ -154,6 +156,42 @@ begin
         end if;
     end loop;
     return stmts;
+end;
+$$;
+
+-- The triggers' edge work, done by the writer of a source whose table cannot have triggers (a distributed
+-- document source: agentdb_internal.lexical_write calls it after its own): op 'add' after the writer inserted
+-- the chunks of documents `doc_ids`, 'remove' before it deletes them. index_sync_sql's statements of an insert
+-- or a delete, over those documents' node rows instead of a transition table, in the writer's transaction.
+-- The rows are read first, by one statement, and handed to the edge statements as JSON ($2): Citus refuses a
+-- statement that writes a reference table (agentdb.edges) and reads a distributed one when it runs on one
+-- shard ("cannot perform select on a distributed table and modify a reference table"), which a write of
+-- documents hashed to one shard does.
+create or replace function agentdb_internal.index_write(source_id int, op text, doc_ids text[]) returns void
+language plpgsql as $$
+declare
+    src agentdb.sources;
+    stmts text[];
+    stmt text;
+    nodes jsonb;
+    r record;
+begin
+    select * into strict src from agentdb.sources s where s.id = index_write.source_id;
+    stmts := agentdb_internal.index_sync_sql(src.id, case when op = 'add' then 'insert' else 'delete' end,
+                                             format('jsonb_populate_recordset(null::%I.%I, $2)',
+                                                    src.table_schema, src.table_name));
+    if cardinality(stmts) = 0 then
+        return;
+    end if;
+    select * into r from agentdb_internal.index_row_sql(src, null, 'r');
+    execute format($q$
+        select coalesce(jsonb_agg(jsonb_build_object('doc_id', r.doc_id, 'chunk', r.chunk, 'metadata', r.metadata)),
+                        '[]')
+        from %I.%I r where r.doc_id = any ($1) and (%s)$q$, src.table_schema, src.table_name, r.node_expr)
+        into nodes using doc_ids;
+    foreach stmt in array stmts loop
+        execute stmt using src.id, nodes;
+    end loop;
 end;
 $$;
 

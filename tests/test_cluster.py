@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -38,8 +39,8 @@ from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
-from agentdb.filters import ReadScope
-from agentdb.indexes import add_edges, create_index, neighbors
+from agentdb.filters import UNFILTERED, ReadScope
+from agentdb.indexes import add_edges, check_indexes, create_index, neighbors, roots
 from agentdb.memory import (
     StoreSpec,
     delete_record,
@@ -301,19 +302,21 @@ def _answers(
     return rows
 
 
-def _statistics(url: str) -> tuple[Any, ...]:
+def _statistics(url: str, source: str = "equal") -> tuple[Any, ...]:
     """A source's BM25 statistics and the check of its lexical index against its rows."""
     with psycopg.connect(url, autocommit=True) as conn:
         return (
             conn.execute(
                 "select n_chunks, total_len from agentdb.corpus_stats c join agentdb.sources s on s.id = c.source_id"
-                " where s.name = 'equal'"
+                " where s.name = %s",
+                (source,),
             ).fetchall(),
             conn.execute(
                 "select term, df from agentdb.term_stats t join agentdb.sources s on s.id = t.source_id"
-                " where s.name = 'equal' order by term"
+                " where s.name = %s order by term",
+                (source,),
             ).fetchall(),
-            conn.execute("select * from agentdb.lexical_check('equal')").fetchall(),
+            conn.execute("select * from agentdb.lexical_check(%s)", (source,)).fetchall(),
         )
 
 
@@ -932,3 +935,289 @@ def test_graph_navigation_on_a_distributed_source_answers_as_one_node(
     filtered = lists[2::3]  # team t1: documents d<i> with i % 3 == 1
     assert any(filtered) and all(int(n.key[1:]) % 3 == 1 for rows in filtered for n in rows)
     assert answers[0] == answers[1]
+
+
+def _with_links(path: Path, seed: int, ids: range, parent_of: Any) -> None:
+    """Give each record of `path` a `parent` (parent_of(i): a key, or "" for a root) and `links`, two random
+    keys among the 40 documents and one that names no document (kept as a dangling edge)."""
+    rng = random.Random(seed)
+    records = [orjson.loads(line) for line in path.read_text().splitlines()]
+    path.write_text(
+        "".join(
+            orjson.dumps(
+                r
+                | {
+                    "id": f"d{i}",
+                    "parent": parent_of(i),
+                    "links": [f"d{rng.randrange(40)}", f"d{rng.randrange(40)}", f"gone{i}"],
+                }
+            ).decode()
+            + "\n"
+            for i, r in zip(ids, records, strict=True)
+        )
+    )
+
+
+def _navigation(url: str, vectors: list[list[float]]) -> list[Any]:
+    """Source `derived`'s stored edges, its index check, roots, neighbours (out, in, both; with and without a
+    filter) and tree walks (with and without a filter, following its graph index too)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        found: list[Any] = [
+            conn.execute(
+                "select i.name, e.from_key, e.edge_type, e.to_key from agentdb.edges e"
+                " join agentdb.indexes i on i.id = e.index_id join agentdb.sources s on s.id = e.source_id"
+                " where s.name = 'derived' order by 1, 2, 3, 4"
+            ).fetchall(),
+            check_indexes(conn, "derived"),
+            roots(conn, "derived", "tree"),
+        ]
+        for index in ("tree", "links"):
+            for key in ("d0", "d1", "d3", "d6", "d17"):
+                for direction in ("out", "in", "both"):
+                    for scope in (UNFILTERED, ReadScope(filter={"team": {"$ne": "t2"}})):
+                        found.append(
+                            neighbors(conn, "derived", index, key, direction=direction, max=50, scope=scope)
+                        )
+        for vector, scope in (
+            (vectors[0], None),
+            (vectors[1], ReadScope(filter={"team": {"$ne": "t2"}}).value()),
+        ):
+            found.append(
+                conn.execute(
+                    "select rank, id, score, depth, parent, path, visit_order from agentdb.tree_walk('derived',"
+                    " 'tree', query => 'alpha beta gamma', query_embedding => %s::vector, start_key => 'd0',"
+                    " threshold => 0, max_nodes => 40, scope => %s, links_index => 'links')",
+                    (str(vector), scope),
+                ).fetchall()
+            )
+    return found
+
+
+def test_field_derived_indexes_on_a_distributed_source_follow_its_writes(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree index over a parent field and a graph index over a list field of a distributed source (its table
+    has no triggers: the writer keeps the edges, in the writing transaction): after an ingest, a re-ingest
+    that gives a quarter of the documents other parents and links, and a deletion over HTTP, the stored edges,
+    the index check (clean), the roots, the neighbours and the tree walks (with and without a filter) equal
+    one node's."""
+    corpus, changed = tmp_path / "derived.jsonl", tmp_path / "reparented.jsonl"
+    vectors = _random_corpus(corpus, seed=71, count=40)
+    _with_links(corpus, 72, range(40), lambda i: f"d{(i - 1) // 2}" if i else "")
+    _random_corpus(changed, seed=73, count=10)
+    _with_links(changed, 74, range(10, 20), lambda i: "d1" if i % 2 else "d2")  # d10..d19 move
+    answers = []
+    for url in (_coordinator_url(citus_cluster), db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "derived", str(corpus)]) == 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert create_index(conn, "derived", "tree", kind="tree", field="parent").edges == 39
+            assert create_index(conn, "derived", "links", kind="graph", field="links").edges > 40
+        assert main(["ingest", "derived", str(changed)]) == 0
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
+            assert client.delete("/sources/derived/documents/d4").status_code == 204
+        answers.append(_navigation(url, vectors))
+    cluster, one_node = answers
+    edges = one_node[0]
+    assert ("tree", "d1", "child", "d11") in edges and ("tree", "d5", "child", "d11") not in edges  # moved
+    assert ("tree", "d1", "child", "d4") not in edges  # deleted: its parent edge went
+    assert ("tree", "d4", "child", "d9") in edges  # its child keeps its own
+    assert all(c.ok for c in one_node[1]) and {c.index for c in one_node[1]} == {"tree", "links"}
+    assert sum(1 for rows in one_node[3:-2] if rows) > len(one_node[3:-2]) // 2
+    assert len(one_node[-2]) >= 5 and len(one_node[-1]) >= 3
+    assert cluster[:3] == one_node[:3]
+    assert cluster[3:-2] == one_node[3:-2]
+    for got, want in zip(cluster[-2:], one_node[-2:], strict=True):
+        assert [r[:2] + r[3:] for r in got] == [r[:2] + r[3:] for r in want]
+        _close([r[2] for r in got], [r[2] for r in want])
+
+
+def _shards_read(
+    url: str,
+    source: str,
+    text: str,
+    vector: list[float],
+    mode: str,
+    where: dict[str, Any] | None,
+    role: str | None,
+) -> tuple[set[str], set[str], int]:
+    """The shards of a source's table and of the postings that one search's statements named, as Citus sent
+    them to the workers (`citus.log_remote_commands`), and how many rows the search returned."""
+    messages: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        conn.add_notice_handler(lambda d: messages.append(d.message_primary or ""))
+        if role:
+            conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+        conn.execute("set citus.log_remote_commands = on")
+        conn.execute("set client_min_messages = log")
+        rows = conn.execute(
+            "select id from agentdb.search(%s, %s, query_embedding => %s::vector, mode => %s, threshold => 0,"
+            " filter => %s)",
+            (source, text, str(vector), mode, Jsonb(where) if where else None),
+        ).fetchall()
+    sent = " ".join(messages)
+    return (
+        set(re.findall(rf"agentdb_docs\.{source}_(\d+)", sent)),
+        set(re.findall(r"agentdb\.postings_(\d+)", sent)),
+        len(rows),
+    )
+
+
+def test_a_tenant_source_reads_one_shard_and_answers_as_one_node(
+    citus_cluster: Path,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A source created with a tenant field (`--tenant-field team`) is distributed by it on the coordinator,
+    its postings co-located; one node records the field. After an ingest, a re-ingest that replaces a quarter
+    of the documents (moving each to another tenant) and a deletion, the statistics and the rows equal one
+    node's and the lexical index its rows. A search whose filter fixes the tenant, or run under a principal
+    whose row filter fixes it, reads one shard of the source and the co-located one of the postings (the
+    statements Citus sent to the workers), where any other search reads all 8; and every search (lexical,
+    dense, hybrid RRF and convex, routed or not) gives one node's ids, chunks, ranks and scores within 1e-9."""
+    corpus, changed = tmp_path / "tenants.jsonl", tmp_path / "moved.jsonl"
+    vectors = _random_corpus(corpus, seed=61, count=80)
+    _random_corpus(changed, seed=62, count=20)
+    moved = [orjson.loads(line) for line in changed.read_text().splitlines()]
+    changed.write_text(
+        "".join(orjson.dumps(r | {"team": f"t{(int(r['id'][1:]) + 1) % 3}"}).decode() + "\n" for r in moved)
+    )
+    coordinator = _coordinator_url(citus_cluster)
+    roles, hidden = {}, {}
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        # A tenant field that cannot be one is refused before anything is made.
+        assert main(["ingest", "tenants", str(corpus), "--tenant-field", "title"]) == 2
+        assert "3007 InvalidParamValue: invalid tenant field 'title'" in capsys.readouterr().err
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select to_regclass('agentdb_docs.tenants')").fetchone() == (None,)
+        assert main(["ingest", "tenants", str(corpus), "--tenant-field", "team"]) == 0
+        assert main(["ingest", "tenants", str(changed)]) == 0
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
+            assert client.delete("/sources/tenants/documents/d30").status_code == 204
+            assert client.get("/sources/tenants/documents/d4").json()["metadata"]["team"] == "t2"  # moved
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            assert conn.execute(
+                "select tenant_field from agentdb.sources where name = 'tenants'"
+            ).fetchone() == ("team",)
+            roles[url] = create_principal(
+                conn, "tenant_t1", tables=["tenants"], row_filter={"team": "t1"}, fields=["title", "team"]
+            )[0].role
+            # whose field grant hides the tenant field: its reads join on the tenant column all the same
+            hidden[url] = create_principal(
+                conn, "tenant_hidden", tables=["tenants"], row_filter={"team": "t1"}, fields=["title"]
+            )[0].role
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        distribution = conn.execute(
+            "select logicalrelid::regclass::text, column_to_column_name(logicalrelid, partkey), colocationid"
+            " from pg_dist_partition where logicalrelid in ('agentdb_docs.tenants'::regclass, 'agentdb.postings'::regclass)"
+            " order by 1"
+        ).fetchall()
+        assert [row[:2] for row in distribution] == [
+            ("agentdb.postings", "doc_id"),
+            ("agentdb_docs.tenants", "agentdb_tenant"),
+        ]
+        assert distribution[0][2] == distribution[1][2]  # co-located
+    rows_sql = "select doc_id, chunk, metadata->>'team' from agentdb_docs.tenants order by doc_id, chunk"
+    with psycopg.connect(coordinator) as cluster_conn, psycopg.connect(db_url) as one_conn:
+        assert cluster_conn.execute(rows_sql).fetchall() == one_conn.execute(rows_sql).fetchall()
+    cluster_stats = _statistics(coordinator, "tenants")
+    assert cluster_stats == _statistics(db_url, "tenants")
+    assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
+    queries: list[tuple[str, list[float], dict[str, Any] | None]] = [
+        ("alpha beta", vectors[0], {"team": "t1"}),
+        ("gamma delta", vectors[1], {"team": {"$eq": "t2"}}),
+        ("rho pi omicron xi", vectors[2], {"$and": [{"team": "t0"}, {"team": {"$ne": "t1"}}]}),
+        ("zeta eta", vectors[3], None),
+        ("alpha", vectors[0], {"team": {"$in": ["t0", "t2"]}}),
+    ]
+    _same_hits(_answers(coordinator, queries, source="tenants"), _answers(db_url, queries, source="tenants"))
+    principal_queries = [("alpha beta", vectors[0], None), ("gamma", vectors[1], {"team": {"$ne": "t0"}})]
+    cluster = _answers(coordinator, principal_queries, source="tenants", role=roles[coordinator])
+    _same_hits(cluster, _answers(db_url, principal_queries, source="tenants", role=roles[db_url]))
+    assert all(r[7] == {"team": "t1"} for rows in cluster for r in rows)
+    cluster = _answers(coordinator, principal_queries[:1], source="tenants", role=hidden[coordinator])
+    _same_hits(cluster, _answers(db_url, principal_queries[:1], source="tenants", role=hidden[db_url]))
+    assert cluster[0] and all(r[7] == {} for rows in cluster for r in rows)  # the tenant field stays hidden
+    # Routing: the statements sent to the workers name one shard of the source and the postings' shard
+    # co-located with it, where a search the filter does not fix reads all of them.
+    for mode in ("lexical", "dense", "hybrid"):
+        for text, vector, where in queries:
+            table_shards, posting_shards, found = _shards_read(
+                coordinator, "tenants", text, vector, mode, where, None
+            )
+            assert found > 0
+            fixed = where is not None and "$in" not in str(where)
+            assert len(table_shards) == (1 if fixed else SHARD_COUNT), (mode, where, table_shards)
+            if mode != "dense":
+                assert len(posting_shards) == len(table_shards), (mode, where, posting_shards)
+        for role in (roles[coordinator], hidden[coordinator]):
+            table_shards, _, found = _shards_read(
+                coordinator, "tenants", "alpha beta", vectors[0], mode, None, role
+            )
+            assert found > 0 and len(table_shards) == 1, (mode, role, table_shards)
+    for url in (coordinator, db_url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            delete_principal(conn, "tenant_t1")
+            delete_principal(conn, "tenant_hidden")
+
+
+def test_a_call_s_own_settings_reach_the_shards(
+    citus_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What retrieve sets for one call (its ef_search, and the sequential scan switched off for an unfiltered
+    dense leg) goes to the workers as SET LOCAL statements at the start of each worker's transaction, in an
+    autocommitted call as in a transaction block, where they are reset after the call; a call's statement on
+    one shard outside a transaction block opens no transaction there and runs under the database's defaults,
+    which are retrieve's (its default ef_search)."""
+    corpus = tmp_path / "tuned.jsonl"
+    vectors = _random_corpus(corpus, seed=71, count=30)
+    coordinator = _coordinator_url(citus_cluster)
+    monkeypatch.setenv("DATABASE_URL", coordinator)
+    assert main(["ingest", "tuned", str(corpus), "--tenant-field", "team"]) == 0
+
+    def sent(where: dict[str, Any] | None, block: bool) -> list[str]:
+        messages: list[str] = []
+        with psycopg.connect(coordinator, autocommit=True) as conn:
+            configure(conn)
+            conn.add_notice_handler(lambda d: messages.append(d.message_primary or ""))
+            conn.execute("set citus.log_remote_commands = on")
+            conn.execute("set client_min_messages = log")
+            if block:
+                conn.execute("begin")
+            conn.execute(
+                "select agentdb.retrieve('tuned', '', %s::vector, mode => 'dense', ef_search => 77, scope => %s)",
+                (str(vectors[0]), Jsonb({"filter": where})),
+            )
+            if block:
+                conn.execute("commit")
+        return messages
+
+    for block in (False, True):
+        messages = sent(None, block)
+        begins = [m for m in messages if "assign_distributed_transaction_id" in m]
+        assert begins, messages
+        for begin in begins:
+            assert (
+                "set local hnsw.ef_search = '77';" in begin and "set local enable_seqscan = 'off';" in begin
+            )
+        resets = [m for m in messages if re.search(r"(?i)^issuing reset (hnsw\.ef_search|enable_seqscan)", m)]
+        assert bool(resets) == block
+    routed = sent({"team": "t1"}, block=False)
+    assert not any("set local" in m for m in routed) and not any(
+        "assign_distributed_transaction_id" in m for m in routed
+    )
+    assert any("set local hnsw.ef_search = '77';" in m for m in sent({"team": "t1"}, block=True))
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        defaults = conn.execute(
+            "select result from run_command_on_workers('select current_setting(''hnsw.ef_search'')')"
+        ).fetchall()
+        argument = conn.execute(
+            "select pg_get_function_arg_default('agentdb.retrieve'::regproc, 11)"
+        ).fetchone()
+    assert defaults == [("100",), ("100",)] and argument == ("100",)

@@ -422,6 +422,105 @@ def test_skipped_rows_do_not_define_fields(
     assert chunk_rows(conn, "docs")["b"][0]["metadata"] == {"color": 2}
 
 
+@pytest.mark.parametrize(
+    ("tenant_field", "message"),
+    [
+        ("title", "invalid tenant field 'title'"),
+        ("has space", "invalid tenant field 'has space'"),
+        ("year", "the tenant field 'year' has type int; a tenant field holds strings"),
+    ],
+)
+def test_a_bad_tenant_field_is_refused_and_creates_nothing(
+    conn: psycopg.Connection[Any], embedder: Any, tenant_field: str, message: str
+) -> None:
+    records = [{"_id": "a", "text": "first", "year": 2001, "team": "t1"}]
+    with pytest.raises(InvalidParamValue, match=re.escape(message)) as caught:
+        ingest(conn, "fresh", base_records(records), embedder, progress=False, tenant_field=tenant_field)
+    assert caught.value.path == "tenant_field"
+    assert conn.execute("select count(*) from agentdb.sources").fetchone() == (0,)
+    assert conn.execute("select to_regclass('agentdb_docs.fresh')").fetchone() == (None,)
+
+
+def test_a_tenant_source_needs_the_tenant_on_every_document_and_keeps_its_field(
+    conn: psycopg.Connection[Any], embedder: Any
+) -> None:
+    """One node records the tenant field (a coordinator distributes the source by it) and holds every document
+    to it: a document without a string tenant is refused with its location, nothing written; another tenant
+    field for the existing source is refused; searches answer as for any source."""
+    good = [
+        {"_id": "a", "text": "wal archiving", "team": "t1"},
+        {"_id": "b", "text": "wal replay", "team": "t2"},
+    ]
+    ingest(conn, "tenants", base_records(good), embedder, progress=False, tenant_field="team")
+    assert get_source(conn, "tenants").tenant_field == "team"
+    before = snapshot(conn, "tenants")
+    for bad in ({"_id": "c", "text": "no tenant"}, {"_id": "c", "text": "empty tenant", "team": ""}):
+        with pytest.raises(StorageContentError, match="'c' has no tenant") as caught:
+            ingest(conn, "tenants", base_records([*good, bad]), embedder, progress=False)
+        assert caught.value.path == "<test>:3"
+        assert snapshot(conn, "tenants") == before
+    with pytest.raises(InvalidParamValue, match="exists with tenant field 'team'") as refused:
+        ingest(conn, "tenants", base_records(good), embedder, progress=False, tenant_field="other")
+    assert refused.value.path == "tenant_field"
+    hits = conn.execute(
+        "select id from agentdb.search('tenants', 'wal', mode => 'lexical', filter => '{\"team\": \"t2\"}')"
+    ).fetchall()
+    assert hits == [("b",)]
+
+
+def test_an_upload_names_the_tenant_field_of_the_source_it_creates(
+    conn: psycopg.Connection[Any], db_url: str, embedder: Any
+) -> None:
+    """POST /sources/{name}/documents?tenant_field=F: the field of a source the request creates (a bad one is a
+    400 at `tenant_field`, nothing made), and the existing one's for later uploads."""
+    from fastapi.testclient import TestClient
+
+    from agentdb.api import create_app
+    from agentdb.config import Settings
+
+    body = [{"id": "a", "text": "wal archiving", "team": "t1"}]
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        refused = client.post("/sources/up/documents?tenant_field=text", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["path"] == "tenant_field"
+        assert conn.execute("select to_regclass('agentdb_docs.up')").fetchone() == (None,)
+        assert client.post("/sources/up/documents?tenant_field=team", json=body).status_code == 200
+        assert get_source(conn, "up").tenant_field == "team"
+        other = client.post("/sources/up/documents?tenant_field=org", json=body)
+        assert other.status_code == 400 and "exists with tenant field 'team'" in other.text
+        assert client.post("/sources/up/documents", json=body).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "tenant"),
+    [
+        ("tenant_field=te%00am", "t1"),  # NUL in the field's name
+        ("tenant_field=%ED%A0%80", "t1"),  # a lone surrogate, as its UTF-8 bytes
+        ("tenant_field=" + "t" * 10_000, "t1"),
+        ("tenant_field=team", "t\\u0000 1"),  # NUL in a document's tenant
+        ("tenant_field=team", "\\ud800"),  # a lone surrogate as a document's tenant
+    ],
+)
+def test_a_hostile_tenant_field_or_value_is_a_clear_error_that_makes_nothing(
+    conn: psycopg.Connection[Any], db_url: str, query: str, tenant: str
+) -> None:
+    """Hostile names for the tenant field and hostile tenant values in an upload's documents are refused with
+    an error envelope (never a 500) and no source is made."""
+    from fastapi.testclient import TestClient
+
+    from agentdb.api import create_app
+    from agentdb.config import Settings
+
+    body = '[{"id": "a", "text": "wal archiving", "team": "' + tenant + '"}]'
+    with TestClient(create_app(Settings(database_url=db_url)), base_url="http://127.0.0.1") as client:
+        response = client.post(
+            f"/sources/up/documents?{query}", content=body, headers={"content-type": "application/json"}
+        )
+    assert 400 <= response.status_code < 500, response.text
+    assert set(response.json()["error"]) >= {"code", "name", "message", "path"}
+    assert conn.execute("select to_regclass('agentdb_docs.up')").fetchone() == (None,)
+    assert conn.execute("select count(*) from agentdb.sources").fetchone() == (0,)
+
+
 def test_no_records_is_an_error(conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "empty.jsonl", ["", "  "])
     with pytest.raises(InvalidParamValue):

@@ -155,12 +155,14 @@ async def add_documents(
     name: str,
     request: Request,
     skip_bad: bool = False,
+    tenant_field: str | None = None,
     conn: psycopg.Connection[Any] = Depends(connection),  # noqa: B008
     caller: Principal | None = Depends(principal),  # noqa: B008
 ) -> IngestOut:
     """Add or replace documents (validated first; a bad row aborts with nothing written unless skip_bad). A
     source this request creates is created in one transaction with its documents: a server that dies midway
-    leaves no empty source behind."""
+    leaves no empty source behind. `tenant_field` names the tenant field of a source this request creates
+    (docs/scale-out.md: a coordinator distributes the source by it); for an existing one it must be its own."""
     _writer(caller, name)
     records = await run_in_threadpool(_records, await request.body(), request.headers.get("content-type", ""))
     write = partial(
@@ -176,6 +178,7 @@ async def add_documents(
         check=None if caller is None else writes_allowed(conn, caller),
         # the database enforces the same limits: a principal's batches are written under its role
         write_scope=None if caller is None else partial(principal_scope, conn, caller),
+        tenant_field=tenant_field,
     )
     report = await run_in_threadpool(_write_creating, conn, name, write, caller is None)
     return IngestOut(

@@ -124,6 +124,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
             progress=not args.no_progress,
             chunk_size=args.chunk_size,
             chunk_overlap=args.chunk_overlap,
+            tenant_field=args.tenant_field,
         )
     for bad in report.skipped:
         print(f"skipped: {bad}", file=sys.stderr)
@@ -232,6 +233,12 @@ def add_parsers(sub: Subparsers) -> None:
     p.add_argument("--exclude-field", action="append", help="ignore this key (repeatable)")
     p.add_argument("--chunk-size", type=int, default=256, help="chunk size in embedder tokens (new sources)")
     p.add_argument("--chunk-overlap", type=int, default=32, help="chunk overlap in tokens (new sources)")
+    p.add_argument(
+        "--tenant-field",
+        metavar="FIELD",
+        help="a string field every document carries (new sources): on a Citus coordinator the source is"
+        " distributed by it, so a read whose filter or row filter fixes it goes to one shard",
+    )
     p.add_argument(
         "--field",
         action="append",

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The column a source with a tenant field is distributed by on a coordinator: the field's value, written by the
+# ingest pipeline (Citus cannot distribute by a generated column). Its postings carry the same value in their
+# distribution column (`agentdb.postings.doc_id`), so they stay co-located with their chunks.
+TENANT_COLUMN = "agentdb_tenant"
+
 # Shards of the postings and of every source co-located with them (co-located tables share one shard
 # count). A rebalance moves shards between nodes; it does not split them, so this bounds the useful nodes.
 SHARD_COUNT = 8
@@ -135,30 +140,64 @@ def carry_retrieve_settings(conn: psycopg.Connection[Any]) -> None:
         )
 
 
+def routed_by_tenant(source: Source) -> bool:
+    """Whether `source` is distributed by its tenant field (a coordinator's document source with one)."""
+    return source.distributed and source.tenant_field is not None
+
+
+def tenant_of(source: Source, metadata: dict[str, Any]) -> str | None:
+    """A document's tenant under `source`'s tenant field: the field's value when it is a non-empty string,
+    else None (such a document is refused: ingest's check)."""
+    assert source.tenant_field is not None
+    value = metadata.get(source.tenant_field)
+    return value if isinstance(value, str) and value else None
+
+
 def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
-    """Distribute a new (empty) document source's table by doc_id, co-located with the postings, in the
-    caller's transaction (which inserted its catalog row with `distributed` true). Its primary key becomes (doc_id, agentdb_chunk_id) (Citus: the distribution column
-    in every unique constraint; the identity still hands out chunk ids on the coordinator), with an index on
-    the chunk id for the reads by chunk."""
+    """Distribute a new (empty) document source's table, co-located with the postings, in the caller's
+    transaction (which inserted its catalog row with `distributed` true): by doc_id, or by its tenant column
+    when it has a tenant field. Citus needs the distribution column in every unique constraint: the primary
+    key becomes (doc_id, agentdb_chunk_id), or (agentdb_tenant, agentdb_chunk_id) with the (doc_id, chunk)
+    constraint widened to (agentdb_tenant, doc_id, chunk) and a plain index on (doc_id, chunk) for the reads
+    and deletes by document (the identity still hands out chunk ids on the coordinator), with an index on the
+    chunk id for the reads by chunk. A tenant source's document id is then unique per tenant in the database;
+    the writer keeps it unique in the source by deleting a document's chunks by id, on every shard, before it
+    writes them (two writers racing over one id under different tenants could leave both)."""
     if source.lexical_layout != "rows":
         raise InvalidParamValue(
             "a distributed source keeps its postings in rows: blocks of 128 chunks span documents on many shards",
             path="lexical_layout",
         )
-    table = source.table
+    table, name = source.table, source.table_name
+    key = TENANT_COLUMN if routed_by_tenant(source) else "doc_id"
+    conn.execute(sql.SQL("alter table {} drop constraint {}").format(table, sql.Identifier(f"{name}_pkey")))
     conn.execute(
-        sql.SQL("alter table {} drop constraint {}").format(
-            table, sql.Identifier(f"{source.table_name}_pkey")
-        )
+        sql.SQL("alter table {} add primary key ({}, agentdb_chunk_id)").format(table, sql.Identifier(key))
     )
-    conn.execute(sql.SQL("alter table {} add primary key (doc_id, agentdb_chunk_id)").format(table))
+    if key == TENANT_COLUMN:
+        # (named as PostgreSQL chose: a long table name is shortened in it)
+        row = conn.execute(
+            "select conname from pg_constraint where conrelid = format('%%I.%%I', %s::text, %s::text)::regclass"
+            " and contype = 'u'",
+            (source.table_schema, name),
+        ).fetchone()
+        assert row is not None
+        conn.execute(sql.SQL("alter table {} drop constraint {}").format(table, sql.Identifier(row[0])))
+        conn.execute(
+            sql.SQL("alter table {} add unique ({}, doc_id, chunk)").format(table, sql.Identifier(key))
+        )
+        conn.execute(
+            sql.SQL("create index {} on {} (doc_id, chunk)").format(
+                sql.Identifier(f"{name}_agentdb_doc_idx"), table
+            )
+        )
     conn.execute(
         sql.SQL("create index {} on {} (agentdb_chunk_id)").format(
-            sql.Identifier(f"{source.table_name}_agentdb_chunk_idx"), table
+            sql.Identifier(f"{name}_agentdb_chunk_idx"), table
         )
     )
     conn.execute(
-        "select create_distributed_table(format('%%I.%%I', %s::text, %s::text), 'doc_id',"
+        "select create_distributed_table(format('%%I.%%I', %s::text, %s::text), %s,"
         " colocate_with => 'agentdb.postings')",
-        (source.table_schema, source.table_name),
+        (source.table_schema, name, key),
     )

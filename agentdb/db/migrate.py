@@ -80,27 +80,38 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         # sessions, on this server or its replicas, are running with them ("cache lookup failed").
         row = conn.execute("select digest from agentdb.schema_functions").fetchone()
         if not applied and row is not None and row[0] == functions_digest():
-            prepare_distribution(conn)
+            if prepare_distribution(conn):
+                _create_functions(conn)
             carry_retrieve_settings(conn)
             return applied
-        # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's
-        # parameters to be known when the caller is not a superuser.
-        conn.execute("select '[1]'::vector")
-        with conn.transaction():
-            for path in sql_files(SQL):
-                text = path.read_text()
-                drop_overloads(conn, text)
-                conn.execute(text)
-            conn.execute(
-                "insert into agentdb.schema_functions (digest) values (%s)"
-                " on conflict (singleton) do update set digest = excluded.digest, applied_at = now()",
-                (functions_digest(),),
-            )
-        prepare_distribution(conn)
+        _create_functions(conn)
+        if prepare_distribution(conn):
+            # Citus made some catalog tables reference tables by renaming each to its shard on the coordinator
+            # (`agentdb.indexes_102019`) under a new table of the old name, so the functions created above
+            # with parameters or results of their row types now name the shards' types (a call with the
+            # catalog's own row type matched no function). Created again, they name the catalog's.
+            _create_functions(conn)
         carry_retrieve_settings(conn)
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _create_functions(conn: psycopg.Connection[Any]) -> None:
+    """(Re)create the stored functions of sql/, in one transaction, and record their digest."""
+    # Load pgvector in this session first: a function's `SET hnsw.*` clause needs the library's parameters to be
+    # known when the caller is not a superuser.
+    conn.execute("select '[1]'::vector")
+    with conn.transaction():
+        for path in sql_files(SQL):
+            text = path.read_text()
+            drop_overloads(conn, text)
+            conn.execute(text)
+        conn.execute(
+            "insert into agentdb.schema_functions (digest) values (%s)"
+            " on conflict (singleton) do update set digest = excluded.digest, applied_at = now()",
+            (functions_digest(),),
+        )
 
 
 # A stored function that a file of sql/ defines (its schema and name); functions whose names are made at run

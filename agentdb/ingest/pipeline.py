@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
 from agentdb.db import can_vacuum
+from agentdb.db.distribute import TENANT_COLUMN, routed_by_tenant, tenant_of
 from agentdb.embed import Embedder, check_model, check_vector
 from agentdb.errors import (
     AgentDBError,
@@ -35,6 +36,7 @@ from agentdb.sources import (
     Source,
     add_fields,
     check_source_name,
+    check_tenant_field,
     coerce_value,
     create_document_source,
     drop_vector_index,
@@ -255,17 +257,42 @@ def _check_embedder(source: Source, documents: list[Document], embedder: Embedde
         check_model(source.embedding_model, embedder.model_name, source.name)
 
 
+_CHUNK_COLUMNS = (
+    ("doc_id", "text"),
+    ("chunk", "int4"),
+    ("title", "text"),
+    ("text", "text"),
+    ("metadata", "jsonb"),
+)
+
+
+def _chunk_columns(source: Source) -> list[tuple[str, str]]:
+    """The columns a chunk row is written into, with their types: a source distributed by its tenant field
+    has its tenant too."""
+    tenant = [(TENANT_COLUMN, "text")] if routed_by_tenant(source) else []
+    return [*_CHUNK_COLUMNS, ("agentdb_embedding", "vector"), *tenant]
+
+
+def _column_list(source: Source) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(name) for name, _ in _chunk_columns(source))
+
+
+def _with_tenant(source: Source, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """Chunk rows (doc_id, chunk, title, text, Jsonb metadata, vector) as `_chunk_columns` takes them."""
+    routed = routed_by_tenant(source)
+    for row in rows:
+        yield (*row, tenant_of(source, row[4].obj)) if routed else row
+
+
 def copy_chunks(cur: psycopg.Cursor[Any], source: Source, rows: Iterable[tuple[Any, ...]]) -> int:
     """Write chunk rows (doc_id, chunk, title, text, Jsonb metadata, vector or None) into a document
     source's table with one COPY; one statement, so the lexical triggers index them all at once.
     Returns how many rows were written."""
-    copy = sql.SQL("copy {} (doc_id, chunk, title, text, metadata, agentdb_embedding) from stdin").format(
-        source.table
-    )
+    copy = sql.SQL("copy {} ({}) from stdin").format(source.table, _column_list(source))
     written = 0
     with cur.copy(copy) as writer:
-        writer.set_types(["text", "int4", "text", "text", "jsonb", "vector"])
-        for row in rows:
+        writer.set_types([kind for _, kind in _chunk_columns(source)])
+        for row in _with_tenant(source, rows):
             writer.write_row(row)
             written += 1
     return written
@@ -305,9 +332,10 @@ def write_documents(
     report = report or IngestReport()
     _check_embedder(source, documents, embedder)
     delete = sql.SQL("delete from {} where doc_id = any(%s) returning doc_id").format(source.table)
-    insert = sql.SQL(
-        "insert into {} (doc_id, chunk, title, text, metadata, agentdb_embedding) values (%s, %s, %s, %s, %s, %s)"
-    ).format(source.table)
+    columns = _chunk_columns(source)
+    insert = sql.SQL("insert into {} ({}) values ({})").format(
+        source.table, _column_list(source), sql.SQL(", ").join(sql.Placeholder() * len(columns))
+    )
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
     started_at, chunks_before = time.perf_counter(), report.chunks
     try:
@@ -351,7 +379,7 @@ def write_documents(
                     if write_scope is None:
                         copy_chunks(cur, source, rows)
                     else:
-                        cur.executemany(insert, rows)
+                        cur.executemany(insert, list(_with_tenant(source, rows)))
                     write_lexical(conn, source, "add", ids)
             report.documents += len(batch)
             report.chunks += len(rows)
@@ -364,6 +392,23 @@ def write_documents(
     if report.embed_seconds and embedder is not None:
         record_embedding_backends(conn, source, [embedder.backend])
     return report
+
+
+def _check_tenants(tenant_field: str | None, documents: list[Document], fields: list[FieldSpec]) -> None:
+    """Before anything is written: under a tenant field every document carries it as a non-empty string (its
+    tenant, which a coordinator distributes the source by)."""
+    if tenant_field is None:
+        return
+    check_tenant_field(tenant_field, fields)
+    for doc in documents:
+        value = doc.metadata.get(tenant_field)
+        if not (isinstance(value, str) and value):
+            raise StorageContentError(
+                f"document {doc.doc_id!r} has no tenant: its field {tenant_field!r} must be a non-empty string"
+                f" (found {value!r}); nothing was written",
+                path=f"{doc.file}:{doc.line}",
+                hint=f"give every document a {tenant_field!r} value",
+            )
 
 
 def ingest(
@@ -381,8 +426,10 @@ def ingest(
     chunk_overlap: int = 32,
     check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
     write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
+    tenant_field: str | None = None,
 ) -> IngestReport:
-    """Ingest `records` into the document source `source_name` (created on first use when `create`).
+    """Ingest `records` into the document source `source_name` (created on first use when `create`, with
+    `tenant_field` as its tenant field: Source.tenant_field; an existing source must have the one given).
     `skip_bad_option` is how the caller names skip_bad in hints. `check` sees the existing source, the validated documents and the new fields before anything is
     written, and may refuse them (a writer's permissions); `write_scope` is where the batches are written
     (see write_documents)."""
@@ -396,6 +443,7 @@ def ingest(
             raise
         source = None  # created below, once every record is known to be good
         check_source_name(source_name)
+        check_tenant_field(tenant_field, [])
     if source is None:
         assert embedder is not None
         fields, dim = [], embedder.dim
@@ -406,8 +454,17 @@ def ingest(
         )
     else:
         fields, dim = source.fields, source.embedding_dim
+        if tenant_field is not None and tenant_field != source.tenant_field:
+            raise InvalidParamValue(
+                f"source {source_name!r} exists with tenant field {source.tenant_field!r}, not {tenant_field!r};"
+                " a tenant field is chosen when a source is created",
+                path="tenant_field",
+            )
     documents, new_fields, bad = prepare(
         records, mapping, fields, dim, skip_bad=skip_bad, skip_bad_option=skip_bad_option
+    )
+    _check_tenants(
+        source.tenant_field if source is not None else tenant_field, documents, fields + new_fields
     )
     report = IngestReport(skipped=bad, new_fields=[f.name for f in new_fields])
     if check is not None:
@@ -433,6 +490,7 @@ def ingest(
                 embedding_dim=embedder.dim,
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
+                tenant_field=tenant_field,
             )
             created = True
         except (StorageKindMismatch, psycopg.errors.UniqueViolation):

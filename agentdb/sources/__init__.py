@@ -25,7 +25,7 @@ from agentdb.sources.catalog import (
     source_name_taken,
     unknown_source,
 )
-from agentdb.sources.ddl import create_document_source, drop_source, write_lexical
+from agentdb.sources.ddl import check_tenant_field, create_document_source, drop_source, write_lexical
 from agentdb.sources.merge import (
     MERGE_LOCK_KEY,
     MERGE_SLICES,
@@ -50,6 +50,7 @@ __all__ = [
     "add_fields",
     "check_source_name",
     "coerce_value",
+    "check_tenant_field",
     "create_document_source",
     "drop_source",
     "drop_vector_index",

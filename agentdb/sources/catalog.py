@@ -116,6 +116,9 @@ class Source(BaseModel):
     # Distributed by Citus (agentdb/db/distribute.py): its table has no triggers, and its writers maintain its
     # lexical index and statistics (write_lexical).
     distributed: bool = False
+    # A document source's tenant field (migrations/0024): a string metadata field every document carries; on a
+    # Citus coordinator the source is distributed by it (agentdb/db/distribute.py). None: by document id.
+    tenant_field: str | None = None
     # A registered table's column whose value is its hits' title (migrations/0021); None: no title.
     title_column: str | None = None
 
@@ -142,7 +145,7 @@ def _row_to_source(row: dict[str, Any]) -> Source:
 _SELECT = (
     "select id, name, kind, table_schema, table_name, id_column, text_columns, fields, embedding_model,"
     " embedding_dim, ts_config::text as ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap,"
-    " embedding_backends, lexical_layout, distributed, title_column"
+    " embedding_backends, lexical_layout, distributed, title_column, tenant_field"
     " from agentdb.sources"
 )
 
@@ -208,15 +211,16 @@ def insert_source(conn: psycopg.Connection[Any], values: dict[str, Any], fields:
     row = conn.execute(
         "insert into agentdb.sources (name, kind, table_schema, table_name, id_column, text_columns, fields,"
         " embedding_model, embedding_dim, ts_config, bm25_k1, bm25_b, chunk_size, chunk_overlap, lexical_layout,"
-        " distributed, title_column)"
+        " distributed, title_column, tenant_field)"
         " values (%(name)s, %(kind)s, %(table_schema)s, %(table_name)s, %(id_column)s, %(text_columns)s,"
         " %(fields)s, %(embedding_model)s, %(embedding_dim)s, %(ts_config)s::regconfig, %(bm25_k1)s,"
-        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s, %(title_column)s)"
-        " returning id",
+        " %(bm25_b)s, %(chunk_size)s, %(chunk_overlap)s, %(lexical_layout)s, %(distributed)s, %(title_column)s,"
+        " %(tenant_field)s) returning id",
         {
             "lexical_layout": "rows",
             "distributed": False,
             "title_column": None,
+            "tenant_field": None,
             **values,
             "fields": Jsonb([f.model_dump() for f in fields]),
         },

@@ -12,10 +12,11 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from agentdb.db.distribute import distribute_source, on_citus
+from agentdb.db.distribute import TENANT_COLUMN, distribute_source, on_citus, routed_by_tenant
 from agentdb.errors import InvalidParamValue
 from agentdb.sources.catalog import (
     DOCS_SCHEMA,
+    FIELD_NAME,
     RESERVED_FIELDS,
     FieldSpec,
     Source,
@@ -63,10 +64,14 @@ def create_document_source(
     chunk_size: int = 256,
     chunk_overlap: int = 32,
     lexical_layout: Literal["rows", "blocks"] = "rows",
+    tenant_field: str | None = None,
 ) -> Source:
     """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
-    postings are kept in `lexical_layout` ('rows', or 'blocks': see Source.lexical_layout)."""
+    postings are kept in `lexical_layout` ('rows', or 'blocks': see Source.lexical_layout). With
+    `tenant_field` (a string metadata field every document must carry) a coordinator distributes it by that
+    field (Source.tenant_field); one node records it."""
     check_source_name(name)
+    check_tenant_field(tenant_field, fields or [])
     if chunk_overlap >= chunk_size:
         raise InvalidParamValue("chunk_overlap must be smaller than chunk_size", path="chunk_overlap")
     fields = fields or []
@@ -92,8 +97,14 @@ def create_document_source(
                 "chunk_overlap": chunk_overlap,
                 "lexical_layout": lexical_layout,
                 "distributed": on_citus(conn),
+                "tenant_field": tenant_field,
             },
             fields,
+        )
+        tenant = (
+            sql.SQL(" {} text not null,").format(sql.Identifier(TENANT_COLUMN))
+            if routed_by_tenant(source)
+            else sql.SQL("")
         )
         conn.execute(
             sql.SQL(
@@ -101,12 +112,14 @@ def create_document_source(
                 " agentdb_chunk_id bigint generated always as identity primary key,"
                 " doc_id text not null, chunk int not null check (chunk >= 0),"
                 " title text not null default '', text text not null,"
-                " metadata jsonb not null default '{{}}',"
+                " metadata jsonb not null default '{{}}',{tenant}"
                 " agentdb_embedding vector({dim}),"
                 " agentdb_tsv tsvector generated always as"
                 "  (to_tsvector({cfg}::regconfig, title || ' ' || text)) stored,"
                 " unique (doc_id, chunk))"
-            ).format(table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config))
+            ).format(
+                table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config), tenant=tenant
+            )
         )
         store_rows_inline(conn, source)
         create_indexes(conn, source, metadata=True)
@@ -115,6 +128,25 @@ def create_document_source(
         else:
             install_triggers(conn, source)
     return source
+
+
+def check_tenant_field(tenant_field: str | None, fields: list[FieldSpec]) -> None:
+    """3007 at `tenant_field` unless it is None or can name a string metadata field: a valid field name, not
+    one agentdb reserves, and not a known field of another type."""
+    if tenant_field is None:
+        return
+    if not FIELD_NAME.match(tenant_field) or tenant_field in RESERVED_FIELDS:
+        raise InvalidParamValue(
+            f"invalid tenant field {tenant_field!r}: name a metadata field (letters, digits and _, max 63;"
+            f" not one of {', '.join(sorted(RESERVED_FIELDS))})",
+            path="tenant_field",
+        )
+    known = next((f for f in fields if f.name == tenant_field), None)
+    if known is not None and known.type != "string":
+        raise InvalidParamValue(
+            f"the tenant field {tenant_field!r} has type {known.type}; a tenant field holds strings",
+            path="tenant_field",
+        )
 
 
 def write_lexical(
