@@ -260,7 +260,7 @@ def load(
     """Create the source and fill it: COPY in batches (triggers build the postings in `layout`), merge the
     posting blocks (agentdb optimize: term ranges, a VACUUM after each; nothing to do for rows), then the HNSW
     index."""
-    from agentdb.sources import create_document_source, drop_source, optimize_source
+    from agentdb.sources import create_document_source, drop_source, drop_vector_index, optimize_source
 
     if conn.execute("select 1 from agentdb.sources where name = %s", (name,)).fetchone():
         drop_source(conn, name)
@@ -274,13 +274,14 @@ def load(
         embedding_dim=DIM,
         lexical_layout=layout,  # type: ignore[arg-type]
     )
-    hnsw = f"{source.table_name}_agentdb_hnsw"
-    row = conn.execute("select pg_get_indexdef(%s::regclass)", (f"{source.table_schema}.{hnsw}",)).fetchone()
+    row = conn.execute(
+        "select pg_get_indexdef(i.indexrelid) from pg_index i join pg_class c on c.oid = i.indexrelid"
+        " join pg_am a on a.oid = c.relam where i.indrelid = %s::regclass and a.amname = 'hnsw'",
+        (source.table.as_string(conn),),
+    ).fetchone()
     assert row is not None
     index_def = row[0]
-    conn.execute(
-        sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(hnsw))
-    )
+    drop_vector_index(conn, source)
 
     columns = ["doc_id", "chunk", "title", "text", "metadata"] + (
         [] if args.lexical_only else ["agentdb_embedding"]

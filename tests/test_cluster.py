@@ -1167,6 +1167,35 @@ def test_a_tenant_source_reads_one_shard_and_answers_as_one_node(
             delete_principal(conn, "tenant_hidden")
 
 
+def test_sources_named_with_63_characters_are_distributed_and_answer_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sources whose 63-character names differ in their last character only, one distributed by document id
+    and one by its tenant field, are made, loaded and searched on the coordinator as on one node: distributing
+    a table reads its constraints' names from the catalog and lets PostgreSQL name its indexes (names made from
+    the whole table name were cut at 63 bytes, so the primary key was not found and the indexes collided)."""
+    corpus = tmp_path / "long.jsonl"
+    vectors = _random_corpus(corpus, seed=81, count=30)
+    names = {"s" + "x" * 61 + "a": [], "s" + "x" * 61 + "b": ["--tenant-field", "team"]}
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        for name, options in names.items():
+            assert main(["ingest", name, str(corpus), *options]) == 0
+    with psycopg.connect(coordinator) as conn:
+        distributed = conn.execute(
+            "select logicalrelid::regclass::text, column_to_column_name(logicalrelid, partkey) from pg_dist_partition"
+            " where logicalrelid::regclass::text like 'agentdb_docs.sxxx%' order by 1"
+        ).fetchall()
+    assert [column for _, column in distributed] == ["doc_id", "agentdb_tenant"]
+    queries: list[tuple[str, list[float], dict[str, Any] | None]] = [
+        ("alpha beta", vectors[0], None),
+        ("gamma", vectors[1], {"team": "t1"}),
+    ]
+    for name in names:
+        _same_hits(_answers(coordinator, queries, source=name), _answers(db_url, queries, source=name))
+
+
 def test_a_call_s_own_settings_reach_the_shards(
     citus_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

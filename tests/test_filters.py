@@ -755,7 +755,7 @@ def test_equality_and_in_can_use_the_gin_index(conn: psycopg.Connection[Any]) ->
                 {"fp": Jsonb(params)},
             )
         )
-        assert "Bitmap Index Scan on big_agentdb_meta" in plan, (filter, plan)
+        assert "Bitmap Index Scan on big_metadata_idx" in plan, (filter, plan)
         count = conn.execute(
             sql.SQL("select count(*) from agentdb_docs.big c where {}").format(sql.SQL(predicate)),
             {"fp": Jsonb(params)},

@@ -725,7 +725,7 @@ def test_a_new_source_is_loaded_without_its_vector_index_and_gets_it_after(
     )
     assert during == [None, definition]
     doc, plan = nearest(conn, "fresh", records[75]["embedding"])
-    assert doc == "v75" and "fresh_agentdb_hnsw" in plan
+    assert doc == "v75" and "fresh_agentdb_embedding_idx" in plan
     assert_lexical_ok(conn, "fresh")
 
 
@@ -754,8 +754,36 @@ def test_a_failed_load_into_a_new_source_still_builds_its_vector_index(
     assert conn.execute("select count(*) from agentdb_docs.broken").fetchone() == (64,)
     assert vector_index(conn, "broken") is not None
     doc, plan = nearest(conn, "broken", records[10]["embedding"])
-    assert doc == "v10" and "broken_agentdb_hnsw" in plan
+    assert doc == "v10" and "broken_agentdb_embedding_idx" in plan
     assert_lexical_ok(conn, "broken")
+
+
+def test_a_source_named_with_63_characters_is_loaded_indexed_and_searched(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
+) -> None:
+    """A source name may be as long as a PostgreSQL name (63 characters). Its table's indexes are named by
+    PostgreSQL, which shortens the table's name in them: names made here from the whole table name were cut at
+    63 bytes, and the metadata index's became the table's own ('relation ... already exists', nothing loaded).
+    Loaded in two ingestions (the first drops and rebuilds the vector index), then searched by both legs."""
+    name = "s" + "x" * 62
+    records = [r | {"team": f"t{i % 2}"} for i, r in enumerate(vector_records(8, 9))]
+    for part in (records[:5], records[5:]):
+        ingest(conn, name, read_records(write_jsonl(tmp_path / "a.jsonl", part)), embedder, progress=False)
+    indexes = conn.execute(
+        "select indexrelid::regclass::text, pg_get_indexdef(indexrelid) from pg_index"
+        " where indrelid = format('agentdb_docs.%%I', %s::text)::regclass",
+        (name,),
+    ).fetchall()
+    methods = sorted(definition.split(" USING ")[1].split(" ")[0] for _, definition in indexes)
+    assert methods == ["btree", "btree", "gin", "hnsw"], indexes
+    assert all(len(index.split(".")[1]) <= 63 for index, _ in indexes)
+    doc, plan = nearest(conn, name, records[6]["embedding"])
+    assert doc == "v6" and "Index Scan using" in plan
+    assert_lexical_ok(conn, name)
+    hits = conn.execute(
+        "select id from agentdb.search(%s, 'w3', mode => 'lexical', top_k => 10, threshold => 0)", (name,)
+    ).fetchall()
+    assert hits == [("v3",)]
 
 
 def test_an_ingestion_builds_a_vector_index_a_dead_load_left_out(
@@ -767,13 +795,13 @@ def test_an_ingestion_builds_a_vector_index_a_dead_load_left_out(
     ingest(
         conn, "orphan", read_records(write_jsonl(tmp_path / "a.jsonl", records[:5])), embedder, progress=False
     )
-    conn.execute("drop index agentdb_docs.orphan_agentdb_hnsw")  # what the dead load left
+    conn.execute("drop index agentdb_docs.orphan_agentdb_embedding_idx")  # what the dead load left
     ingest(
         conn, "orphan", read_records(write_jsonl(tmp_path / "b.jsonl", records[5:])), embedder, progress=False
     )
     assert vector_index(conn, "orphan") is not None
     doc, plan = nearest(conn, "orphan", records[2]["embedding"])
-    assert doc == "v2" and "orphan_agentdb_hnsw" in plan
+    assert doc == "v2" and "orphan_agentdb_embedding_idx" in plan
 
 
 def test_any_hnsw_index_of_a_table_counts_as_its_vector_index(

@@ -153,6 +153,17 @@ def tenant_of(source: Source, metadata: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _constraint(conn: psycopg.Connection[Any], source: Source, kind: str) -> sql.Identifier:
+    """The name of `source`'s table's one constraint of kind `kind` (p: primary key, u: unique)."""
+    row = conn.execute(
+        "select conname from pg_constraint where conrelid = format('%%I.%%I', %s::text, %s::text)::regclass"
+        " and contype = %s",
+        (source.table_schema, source.table_name, kind),
+    ).fetchone()
+    assert row is not None
+    return sql.Identifier(row[0])
+
+
 def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
     """Distribute a new (empty) document source's table, co-located with the postings, in the caller's
     transaction (which inserted its catalog row with `distributed` true): by doc_id, or by its tenant column
@@ -168,36 +179,25 @@ def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
             "a distributed source keeps its postings in rows: blocks of 128 chunks span documents on many shards",
             path="lexical_layout",
         )
-    table, name = source.table, source.table_name
+    table = source.table
     key = TENANT_COLUMN if routed_by_tenant(source) else "doc_id"
-    conn.execute(sql.SQL("alter table {} drop constraint {}").format(table, sql.Identifier(f"{name}_pkey")))
+    # Constraints by the names PostgreSQL chose and indexes named by it (a long table name is shortened in them,
+    # so names made here from the table's could exceed 63 bytes and, cut there, collide).
+    conn.execute(sql.SQL("alter table {} drop constraint {}").format(table, _constraint(conn, source, "p")))
     conn.execute(
         sql.SQL("alter table {} add primary key ({}, agentdb_chunk_id)").format(table, sql.Identifier(key))
     )
     if key == TENANT_COLUMN:
-        # (named as PostgreSQL chose: a long table name is shortened in it)
-        row = conn.execute(
-            "select conname from pg_constraint where conrelid = format('%%I.%%I', %s::text, %s::text)::regclass"
-            " and contype = 'u'",
-            (source.table_schema, name),
-        ).fetchone()
-        assert row is not None
-        conn.execute(sql.SQL("alter table {} drop constraint {}").format(table, sql.Identifier(row[0])))
+        conn.execute(
+            sql.SQL("alter table {} drop constraint {}").format(table, _constraint(conn, source, "u"))
+        )
         conn.execute(
             sql.SQL("alter table {} add unique ({}, doc_id, chunk)").format(table, sql.Identifier(key))
         )
-        conn.execute(
-            sql.SQL("create index {} on {} (doc_id, chunk)").format(
-                sql.Identifier(f"{name}_agentdb_doc_idx"), table
-            )
-        )
-    conn.execute(
-        sql.SQL("create index {} on {} (agentdb_chunk_id)").format(
-            sql.Identifier(f"{name}_agentdb_chunk_idx"), table
-        )
-    )
+        conn.execute(sql.SQL("create index on {} (doc_id, chunk)").format(table))
+    conn.execute(sql.SQL("create index on {} (agentdb_chunk_id)").format(table))
     conn.execute(
         "select create_distributed_table(format('%%I.%%I', %s::text, %s::text), %s,"
         " colocate_with => 'agentdb.postings')",
-        (source.table_schema, name, key),
+        (source.table_schema, source.table_name, key),
     )

@@ -171,11 +171,7 @@ def store_rows_inline(conn: psycopg.Connection[Any], source: Source) -> None:
 def create_indexes(conn: psycopg.Connection[Any], source: Source, *, metadata: bool) -> None:
     ensure_vector_index(conn, source)
     if metadata:
-        conn.execute(
-            sql.SQL("create index {name} on {table} using gin (metadata jsonb_path_ops)").format(
-                name=sql.Identifier(f"{source.table_name}_agentdb_meta"), table=source.table
-            )
-        )
+        conn.execute(sql.SQL("create index on {} using gin (metadata jsonb_path_ops)").format(source.table))
 
 
 def drop_source(conn: psycopg.Connection[Any], name: str) -> None:

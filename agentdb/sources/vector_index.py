@@ -10,19 +10,15 @@ from psycopg import sql
 from agentdb.sources.catalog import Source
 
 
-def _vector_index_name(source: Source) -> str:
-    return f"{source.table_name}_agentdb_hnsw"
-
-
 def drop_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
     """Drop the source's HNSW index before a bulk load into a new source; ensure_vector_index builds it again
     afterwards. One build over all the rows is faster than inserting them one by one into the graph, which
-    updates its neighbours at every row."""
-    conn.execute(
-        sql.SQL("drop index if exists {}.{}").format(
-            sql.Identifier(source.table_schema), sql.Identifier(_vector_index_name(source))
+    updates its neighbours at every row. Found in the catalog: PostgreSQL names it (a name made from the
+    table's could pass 63 bytes and, cut there, be another index's)."""
+    for name in _vector_indexes(conn, source):
+        conn.execute(
+            sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(name))
         )
-    )
 
 
 def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
@@ -33,22 +29,23 @@ def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
     is locked against other builders (SHARE ROW EXCLUSIVE conflicts with itself) and the catalog read again,
     so that two ingestions finishing together build it once; a table lock rather than an advisory one, since
     the server reorders the waits of a builder that already writes into the table instead of deadlocking."""
-    if _has_vector_index(conn, source):
+    if _vector_indexes(conn, source):
         return
     with conn.transaction():
         conn.execute(sql.SQL("lock table {} in share row exclusive mode").format(source.table))
-        if not _has_vector_index(conn, source):
+        if not _vector_indexes(conn, source):
             conn.execute(
-                sql.SQL(
-                    "create index {name} on {table} using hnsw (agentdb_embedding vector_cosine_ops)"
-                ).format(name=sql.Identifier(_vector_index_name(source)), table=source.table)
+                sql.SQL("create index on {} using hnsw (agentdb_embedding vector_cosine_ops)").format(
+                    source.table
+                )
             )
 
 
-def _has_vector_index(conn: psycopg.Connection[Any], source: Source) -> bool:
-    found = conn.execute(
-        "select exists (select 1 from pg_index i join pg_class c on c.oid = i.indexrelid"
-        " join pg_am a on a.oid = c.relam where i.indrelid = to_regclass(%s) and a.amname = 'hnsw')",
+def _vector_indexes(conn: psycopg.Connection[Any], source: Source) -> list[str]:
+    """The names of the HNSW indexes of the source's table."""
+    rows = conn.execute(
+        "select c.relname from pg_index i join pg_class c on c.oid = i.indexrelid"
+        " join pg_am a on a.oid = c.relam where i.indrelid = to_regclass(%s) and a.amname = 'hnsw'",
         (source.table.as_string(conn),),
-    ).fetchone()
-    return found is not None and bool(found[0])
+    ).fetchall()
+    return [row[0] for row in rows]
