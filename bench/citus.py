@@ -15,7 +15,9 @@ dense and hybrid (RRF, threshold 0; query vectors computed beforehand):
   * quality: nDCG@10 on SciFact's 300 test queries (top 100 grouped by document, as bench/scifact.py), and
     every query's hits compared between the two (ids, chunks, order, scores within 1e-9); a difference is
     printed with its query and the run exits with status 1;
-  * latency: p50/p95 of top 10, each system's queries in a block, best of --repeat passes per query;
+  * latency: p50/p95 of top 10, each system's queries in a block, best of --repeat passes per query; and the
+    cluster's lexical leg beside itself without pruning (every shard summing every posting of the query's
+    terms, as before MaxScore ran on each shard), whose hits must be the same;
   * throughput: 1 and 8 clients (threads, a connection each) for --seconds per mode and system;
   * fan-out: for --fanout-queries queries per mode, the coordinator's wall time against the time of each
     statement it sent to a shard (captured with citus.log_remote_commands, then run alone on that shard's
@@ -54,6 +56,7 @@ from _common import (
     versions,
 )
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from agentdb.db.distribute import SHARD_COUNT as SHARDS  # every distributed source's shards
 
@@ -66,6 +69,10 @@ SYSTEMS = ("one node", "cluster")
 DEPTH = 100  # the quality run: top 100 grouped by document, as bench/scifact.py
 TOP_K = 10  # latency, throughput and fan-out
 CLIENTS = (1, 8)
+# The cluster's lexical leg beside itself without pruning: a seed budget no query's postings reach, so every shard
+# sums every posting of the query's terms (what the cluster did before MaxScore ran on each shard).
+UNPRUNED = "cluster lexical, every posting summed"
+NO_PRUNING = "-c agentdb.lexical_seed_postings=1000000000000"
 SCORE_TOLERANCE = 1e-9
 SHARD_NAME = re.compile(r"_\d{6,}\b")  # a shard's table: the distributed table's name and the shard id
 SERVER = re.compile(r"@(?P<host>.*):(?P<port>\d+) connectionId")
@@ -470,32 +477,56 @@ def measure(
     vectors: np.ndarray,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """Latency, throughput and fan-out of one corpus on both systems."""
+    """Latency, throughput and fan-out of one corpus on both systems; the cluster's lexical leg also without
+    pruning (UNPRUNED), whose hits must be the pruned one's."""
     progress = not args.no_progress
     latency = time_modes(conns, source, texts, vectors, args.repeat, progress)
+    unpruned_url = make_conninfo(urls["cluster"], options=NO_PRUNING)
+    unpruned = connect(unpruned_url)
+    pair = [
+        (name, lambda i, c=conn: search(c, source, texts[i], vectors[i], "lexical", TOP_K))
+        for name, conn in (("cluster lexical", conns["cluster"]), (UNPRUNED, unpruned))
+    ]
+    first, best, _ = time_systems(
+        pair, len(texts), desc=f"{source} pruned or not", repeat=args.repeat, progress=progress
+    )
+    unpruned.close()
+    latency[UNPRUNED] = {
+        "p50_ms": round(percentile(best[UNPRUNED], 50), 2),
+        "p95_ms": round(percentile(best[UNPRUNED], 95), 2),
+    }
+    same = sum(a == b for a, b in zip(first["cluster lexical"], first[UNPRUNED], strict=True))
+    print(f"{label}: cluster lexical pruned and {UNPRUNED}: the same hits on {same} of {len(texts)} queries")
     rates: dict[str, list[dict[str, Any]]] = {}
-    for mode in MODES:
-        for system in SYSTEMS:
-            for clients in CLIENTS:
-                rate = throughput(urls[system], source, texts, vectors, mode, clients, args.seconds)
-                print(
-                    f"{label} {system} {mode}, {clients} client(s): {rate['qps']} q/s, p50 {rate['p50_ms']} ms"
-                )
-                rates.setdefault(f"{system} {mode}", []).append(rate)
+    for name, url, mode in [(s, urls[s], m) for m in MODES for s in SYSTEMS] + [
+        (UNPRUNED, unpruned_url, "lexical")
+    ]:
+        key = name if name == UNPRUNED else f"{name} {mode}"
+        for clients in CLIENTS:
+            rate = throughput(url, source, texts, vectors, mode, clients, args.seconds)
+            print(f"{label} {key}, {clients} client(s): {rate['qps']} q/s, p50 {rate['p50_ms']} ms")
+            rates.setdefault(key, []).append(rate)
     fan = {}
     for mode in MODES:
         fan[mode] = fanout(urls, workers, source, texts, vectors, mode, args.fanout_queries, 3)
         print(f"{label} fan-out {mode}: {fan[mode]}")
-    return {"latency_top10": latency, "throughput": rates, "fanout": fan}
+    return {
+        "latency_top10": latency,
+        "throughput": rates,
+        "fanout": fan,
+        "unpruned_same_hits": {"queries": len(texts), "same": same},
+    }
 
 
 def print_corpus(label: str, out: dict[str, Any]) -> None:
     rows = []
     for mode in MODES:
-        for system in SYSTEMS:
-            name = f"{system} {mode}"
+        for name in [f"{system} {mode}" for system in SYSTEMS] + ([UNPRUNED] if mode == "lexical" else []):
+            if name not in out["latency_top10"]:  # (a run before the unpruned row)
+                continue
             lat, rate = out["latency_top10"][name], out["throughput"][name]
-            quality = out.get("ndcg10", {}).get(mode, {}).get(system)
+            system = name.removesuffix(f" {mode}")
+            quality = out.get("ndcg10", {}).get(mode, {}).get(system) if system in SYSTEMS else None
             rows.append(
                 [
                     name,
@@ -670,6 +701,7 @@ def main() -> int:
                 "differences": different,
                 **measure("SciFact", urls, conns, workers, SCIFACT_SOURCE, texts, qvecs, args),
             }
+            failed |= scifact["unpruned_same_hits"]["same"] != len(qids)
         results: dict[str, Any] = {"scifact": scifact}
         write(results)  # again at the end; kept if a later part fails
         print_corpus(f"SciFact: {N_DOCS} documents, {scifact['chunks']} chunks, {len(qids)} queries", scifact)
@@ -711,6 +743,7 @@ def main() -> int:
                     args,
                 ),
             }
+            failed |= synthetic["unpruned_same_hits"]["same"] != n
             results["synthetic"] = synthetic
             print_corpus(f"scifact-text: {args.synthetic} chunks, {n} queries", synthetic)
         for system in SYSTEMS:

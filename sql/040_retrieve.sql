@@ -74,7 +74,8 @@ $$;
 create or replace function agentdb_internal.bm25_maxscore(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[], max_spans bigint[],
     cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
-    filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb
+    filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
+    postings_rel text default null
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
@@ -85,10 +86,18 @@ declare
     t_ub float8[];
     t_df bigint[];
     t_span bigint[];
-    blocks boolean := (select s.lexical_layout = 'blocks' from agentdb.sources s where s.id = bm25_maxscore.source_id);
+    -- The postings read: agentdb.postings (and the blocks), or `postings_rel`, one shard of them in the row
+    -- layout (agentdb_internal.shard_maxscore), read directly.
+    postings constant text := coalesce(postings_rel, 'agentdb.postings');
+    term_postings constant text := case when postings_rel is null then 'agentdb_internal.term_postings($9, $4, $7)'
+        else format('(select t.term, p.chunk_id, t.wk, p.tf, p.dl from unnest($4::text[], $7::float8[]) as t(term, wk)'
+                    ' join %s p on p.source_id = $9 and p.term = t.term)', postings_rel) end;
+    -- Whether the source keeps blocks (read in the body: on a shard the catalog is not read, as a reference
+    -- table there would be a distributed query of its own).
+    blocks boolean := false;
     -- A principal's role reads no block itself (its block postings come through term_postings): it joins, and
     -- primes theta from its sums alone (a lookup in the blocks would find nothing).
-    blocks_hidden boolean := blocks and left(current_user, 10) = 'agentdb_p_';
+    blocks_hidden boolean;
     after float8[];                        -- after[i]: the sum of ub over the terms after i
     nt int;
     i int;
@@ -98,10 +107,10 @@ declare
     theta float8 := 0;
     seen bigint := 0;
     -- The chunks holding any of the terms $4 (weights $7) with their scores over those terms.
-    scores constant text := $q$
+    scores constant text := format($q$
         select p.chunk_id, sum(p.wk * p.tf / (p.tf + $8 + $10 * p.dl)) as known
-        from agentdb_internal.term_postings($9, $4, $7) p
-        group by p.chunk_id $q$;
+        from %s p
+        group by p.chunk_id $q$, term_postings);
     -- Add the postings of the one term $4[1] to the held chunks only: by lookups while the held chunks are
     -- fewer than a share of its postings, else by a hash join with all of them. In the row layout the lookup
     -- is one index scan with the held chunk ids as an array condition, and the share is a half (below it the
@@ -109,22 +118,22 @@ declare
     -- blocks that may hold it (block_lookup below), which costs far more a chunk than decoding and joining a
     -- posting does, so the share is a sixteenth: a lookup per held chunk is cheaper than decoding every block
     -- only when few are held.
-    add_term_join constant text := $q$
+    add_term_join constant text := format($q$
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(x.c, 0)), '{}')
         from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)
         left join (select p.chunk_id, $7[1] * p.tf / (p.tf + $8 + $10 * p.dl) as c
-                   from agentdb_internal.term_postings($9, $4, $7) p) x on x.chunk_id = h.chunk_id
-        where h.known + coalesce(x.c, 0) + $12 >= $11 $q$;
-    add_term_lookup constant text := replace(add_term_join, 'from agentdb_internal.term_postings($9, $4, $7) p)',
-        'from agentdb.postings p where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1))');
+                   from %s p) x on x.chunk_id = h.chunk_id
+        where h.known + coalesce(x.c, 0) + $12 >= $11 $q$, term_postings);
+    add_term_lookup constant text := replace(add_term_join, format('from %s p)', term_postings),
+        format('from %s p where p.source_id = $9 and p.term = $4[1] and p.chunk_id = any($1))', postings));
     -- The contribution to chunk %1$s of term %2$s (weight %3$s, max_span %4$s), or null, read in the row or the
     -- block layout. In the block layout the blocks that may hold the chunk (first chunk within the term's
     -- max_span below it) are read by one index scan and the chunk is found in the block's offsets. Each is a
     -- scalar subquery so that every lookup is one index scan: as a lateral join the planner reads every block
     -- of the term once and tests each chunk against each block.
-    row_lookup constant text := $q$
+    row_lookup constant text := replace($q$
         (select %3$s * p.tf / (p.tf + $8 + $10 * p.dl) from agentdb.postings p
-         where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$;
+         where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$, 'agentdb.postings', postings);
     block_lookup constant text := $q$
         (select %3$s * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * b.dls[k.i])
          from agentdb.posting_blocks b
@@ -151,7 +160,20 @@ declare
     -- max_spans $13), looked up: their exact scores. theta becomes the greater of $11 and the cand-th of those;
     -- when the bound $12 of the terms after the step is below it (or 0: no terms after them), the chunks that
     -- can still reach it are held (ids, known), else ids and known are null.
-    sum_and_hold constant text := format($q$
+    sum_and_hold text;  -- (made in the body, by the layout)
+    -- Every statement here takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
+    -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
+    -- terms after the step, $13 the step's term's max_span (block layout; in sum_and_hold the max_spans of
+    -- the terms after the step, $15, with their weights $16), and the filter's values at retrieve's positions.
+    step_terms text[];
+    step_wk float8[];
+    bound float8;
+begin
+    if postings_rel is null then
+        blocks := (select s.lexical_layout = 'blocks' from agentdb.sources s where s.id = bm25_maxscore.source_id);
+    end if;
+    blocks_hidden := blocks and left(current_user, 10) = 'agentdb_p_';
+    sum_and_hold := format($q$
         with g as materialized (%s),
              best as materialized (select s.chunk_id, s.known from g s %s order by s.known desc limit $3 + %s),
              exact as (select best.known + coalesce((select sum(%s) from unnest($15::text[], $16::float8[], $13::bigint[])
@@ -168,14 +190,7 @@ declare
         case when blocks_hidden then 'null::float8'
              else format(case when blocks then block_lookup else row_lookup end, 'best.chunk_id', 't.term', 't.wk', 't.span') end,
         format(kth, 'exact s', ''));
-    -- Every statement here takes the same parameters: $1 $2 the held chunks, $3 cand, $4 $7 the terms of the
-    -- step and their weights, $8 $10 the length constants, $9 the source, $11 theta, $12 the bound of the
-    -- terms after the step, $13 the step's term's max_span (block layout; in sum_and_hold the max_spans of
-    -- the terms after the step, $15, with their weights $16), and the filter's values at retrieve's positions.
-    step_terms text[];
-    step_wk float8[];
-    bound float8;
-begin
+
     -- The query terms by bound, highest first.
     select array_agg(x.term order by x.ub desc, x.term), array_agg(x.wk order by x.ub desc, x.term),
            array_agg(x.ub order by x.ub desc, x.term), array_agg(x.df order by x.ub desc, x.term),
@@ -252,6 +267,36 @@ begin
                                 held, filter_sql)
         using ids, known, cand, step_terms, filter_params, row_params, step_wk, k_len, source_id, k_dl,
               theta, bound, null, exclude_doc, null, null, fq_params, ex_params;
+end;
+$$;
+
+-- The lexical leg's MaxScore on one shard of a source distributed by Citus (agentdb/db/distribute.py), on the
+-- worker that holds it: agentdb.retrieve asks `select agentdb_internal.shard_maxscore(a.key, ...) from
+-- agentdb.shard_anchors a`, which Citus runs on every shard of the anchors, and each anchor's key hashes to the
+-- co-located shards of the postings and of the source's table `docs` (schema.table, quoted) on that worker.
+-- bm25_maxscore reads those shards directly (a query on the distributed tables, from a shard, would be a
+-- distributed query of its own, which Citus refuses there); `filter_sql` names `docs`, replaced by its shard,
+-- whose row security, column grants and policies Citus keeps as the table's. The shard's best cand chunks by
+-- (score desc, chunk id), with their scores; the coordinator merges the shards' lists. The statistics in the
+-- weights and avgdl are the source's, so a chunk scores as on one node.
+create or replace function agentdb_internal.shard_maxscore(
+    anchor text, docs text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
+    min_dls int[], max_spans bigint[], cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
+    filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
+    out ids bigint[], out scores float8[]
+)
+language plpgsql stable as $$
+declare
+    postings_shard constant text := shard_name('agentdb.postings'::regclass,
+                                               get_shard_id_for_distribution_column('agentdb.postings', anchor));
+    docs_shard constant text := shard_name(docs::regclass, get_shard_id_for_distribution_column(docs, anchor));
+begin
+    select coalesce(array_agg(m.cid order by m.bm25 desc, m.cid), '{}'),
+           coalesce(array_agg(m.bm25 order by m.bm25 desc, m.cid), '{}')
+    into ids, scores
+    from agentdb_internal.bm25_maxscore(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, cand, avgdl, k1,
+                                        b, seed_budget, replace(filter_sql, docs, docs_shard), filter_params,
+                                        row_params, exclude_doc, fq_params, ex_params, postings_shard) m;
 end;
 $$;
 
@@ -582,6 +627,22 @@ begin
                          then agentdb_internal.lexical_path() else 'sql' end;
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
+    elsif src.distributed and qt.postings > seed_budget and tenant is null and src.table_schema <> 'agentdb_memory' then
+        -- A source distributed by Citus whose query's postings exceed the seed budget: MaxScore on every shard
+        -- (agentdb_internal.shard_maxscore, one call a shard of agentdb.shard_anchors, run by the worker holding
+        -- it), each shard's best cand merged here by score. A read routed to one tenant's shard, and a memory
+        -- store's records (a reference table, a copy on every node), sum as below.
+        sparse_sql := format($q$
+            select u.cid, u.bm25
+            from (select agentdb_internal.shard_maxscore(a.key, %L, $9, $2, $21, $22, $23, $24, $25, $3, $11, $12,
+                                                         $13, $19, %L, $5, $6, $14, $17, $18) as m
+                  from agentdb.shard_anchors a) x
+            cross join lateral unnest((x.m).ids, (x.m).scores) as u(cid, bm25)
+            order by u.bm25 desc, u.cid
+            limit $3 $q$,
+            format('%I.%I', src.table_schema, src.table_name),
+            case when open_rows then '' else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
+                                                    rel, pred, row_pred) end);
     elsif src.distributed then
         -- A source distributed by Citus (agentdb/db/distribute.py): each shard sums the postings of its own
         -- chunks (grouped by the distribution column, so Citus runs the whole statement on every shard, the

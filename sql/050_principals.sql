@@ -11,7 +11,8 @@
 --     only the columns of its field grant (column privileges): the row key, the chunk position, the
 --     embedding, `title` and `text` when granted; of a document table's `metadata` either the whole column
 --     (no field grant) or a virtual generated column agentdb_meta_<md5 of the keys> holding just the granted
---     keys; of a registered table the columns of the granted fields and, with "text", the text columns.
+--     keys (stored on a source distributed by Citus); of a registered table the columns of the granted
+--     fields and, with "text", the text columns.
 --     agentdb.source_relation(src) gives the reads agentdb makes (retrieve, expand, similar, the document
 --     fetch) the relation with the table's usual column names in which what the role may not read is null;
 --     Never agentdb_tsv, nor any column of a registered table that is not a granted field, text or key;
@@ -498,10 +499,14 @@ begin
             -- Kept when the last principal using it goes (it stores nothing): a dropped column's number is
             -- never reused and a table has at most 1600, so dropping and re-adding it at every key rotation
             -- would exhaust them.
+            -- Stored on a source distributed by Citus: Citus sends a shard a virtual column's expression in its
+            -- place, which reads `metadata`, a column the role may not read there (a dense leg filtered on a
+            -- granted key was refused, "permission denied for table <shard>").
             if not exists (select 1 from pg_attribute
                            where attrelid = rel::regclass and attname = proj.column_name and not attisdropped) then
-                execute format('alter table %s add column %I jsonb generated always as (%s) virtual',
-                               rel, proj.column_name, proj.expr);
+                execute format('alter table %s add column %I jsonb generated always as (%s) %s',
+                               rel, proj.column_name, proj.expr,
+                               case when src.distributed then 'stored' else 'virtual' end);
                 execute format('comment on column %s.%I is %L', rel, proj.column_name,
                                format('the metadata keys %s only, for principals granted just those fields', keys));
             end if;

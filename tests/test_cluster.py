@@ -274,12 +274,19 @@ def _answers(
     queries: list[tuple[str, list[float], dict[str, Any] | None]],
     source: str = "equal",
     role: str | None = None,
+    top_k: int = 10,
+    seed_postings: int | None = None,
 ) -> list[Any]:
-    """Each query's top 10 in four modes (with text and metadata under `role`, a principal's)."""
+    """Each query's top k in four modes (with text and metadata under `role`, a principal's), with the lexical
+    leg's seed budget `seed_postings` if given (agentdb.lexical_seed_postings)."""
     rows = []
     columns = "id, chunk, rank, score, distance, bm25_score" + (", text, metadata" if role else "")
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
+        if seed_postings is not None:
+            conn.execute(
+                sql.SQL("set agentdb.lexical_seed_postings = {}").format(sql.Literal(str(seed_postings)))
+            )
         if role:
             conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
         for text, vector, where in queries:
@@ -293,10 +300,10 @@ def _answers(
                     conn.execute(
                         sql.SQL(
                             "select {} from agentdb.search("
-                            "%s, %s, query_embedding => %s::vector, mode => %s, top_k => 10, threshold => 0,"
+                            "%s, %s, query_embedding => %s::vector, mode => %s, top_k => %s, threshold => 0,"
                             " filter => %s, fusion => %s)"
                         ).format(sql.SQL(columns)),
-                        (source, text, str(vector), mode, Jsonb(where) if where else None, fusion),
+                        (source, text, str(vector), mode, top_k, Jsonb(where) if where else None, fusion),
                     ).fetchall()
                 )
     return rows
@@ -355,7 +362,10 @@ def test_a_distributed_source_answers_as_one_node(
                 " where logicalrelid::regclass::text like 'agentdb.%'"
             ).fetchall()
         )
-        assert kinds == {"agentdb.postings": "h"} | {table: "n" for table in CATALOG}  # n: a reference table
+        # h: hash-distributed, n: a reference table
+        assert kinds == {"agentdb.postings": "h", "agentdb.shard_anchors": "h"} | {
+            table: "n" for table in CATALOG
+        }
         triggers = conn.execute(
             "select count(*) from pg_trigger where tgrelid = 'agentdb_docs.equal'::regclass"
             " and tgname like 'agentdb%'"
@@ -385,6 +395,62 @@ def test_a_distributed_source_answers_as_one_node(
         ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
     ]
     _same_hits(_answers(coordinator, queries), _answers(db_url, queries))
+
+
+def test_the_lexical_leg_prunes_on_every_shard_and_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query whose postings exceed the seed budget runs MaxScore on each shard: one call of
+    agentdb_internal.shard_maxscore a shard of agentdb.shard_anchors (8, one a shard, co-located with the
+    postings), each on the worker holding it over that shard's postings and rows. Its answers (lexical at top 10
+    and 100, hybrid RRF and convex, dense beside them; with filters and under a principal with a row filter and
+    field grant) equal one node's, ids, chunks, ranks and scores within 1e-9, at every seed budget from one
+    posting (MaxScore from the first term) to the default (the shards sum every posting)."""
+    corpus = tmp_path / "pruned.jsonl"
+    vectors = _random_corpus(corpus, seed=91, count=240)
+    coordinator = _coordinator_url(citus_cluster)
+    roles = {}
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["ingest", "pruned", str(corpus)]) == 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            roles[url] = create_principal(
+                conn, "pruner", tables=["pruned"], row_filter={"team": "t2"}, fields=["title", "team"]
+            )[0].role
+    with psycopg.connect(coordinator) as conn:
+        anchors = conn.execute(
+            "select count(*), count(distinct get_shard_id_for_distribution_column('agentdb.postings', key))"
+            " from agentdb.shard_anchors"
+        ).fetchone()
+    assert anchors == (SHARD_COUNT, SHARD_COUNT)
+    queries: list[tuple[str, list[float], dict[str, Any] | None]] = [
+        ("alpha beta gamma delta epsilon", vectors[0], None),
+        ("rho pi omicron xi nu mu", vectors[1], {"team": {"$in": ["t0", "t2"]}}),
+        ("zeta eta theta iota kappa kappa", vectors[2], {"team": {"$ne": "t1"}}),
+    ]
+    for seed in (1, 60, 400, None):
+        for top_k in (10, 100):
+            _same_hits(
+                _answers(coordinator, queries, source="pruned", top_k=top_k, seed_postings=seed),
+                _answers(db_url, queries, source="pruned", top_k=top_k, seed_postings=seed),
+            )
+        cluster = _answers(coordinator, queries, source="pruned", role=roles[coordinator], seed_postings=seed)
+        _same_hits(
+            cluster, _answers(db_url, queries, source="pruned", role=roles[db_url], seed_postings=seed)
+        )
+        assert all(r[7] == {"team": "t2"} for rows in cluster for r in rows)
+    # The statements the workers ran: one MaxScore call a shard when the budget is passed, none within it.
+    for seed, calls in ((1, SHARD_COUNT), (None, 0)):
+        for role in (None, roles[coordinator]):
+            sent: list[str] = []
+            _, _, found = _shards_read(
+                coordinator, "pruned", queries[0][0], vectors[0], "lexical", None, role, seed, sent
+            )
+            assert found > 0 and sum("shard_maxscore(" in m for m in sent) == calls, (seed, role)
+    for url in (coordinator, db_url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            delete_principal(conn, "pruner")
 
 
 def test_a_distributed_source_is_dropped_whole(
@@ -780,8 +846,9 @@ def test_a_worker_added_and_shards_rebalanced_answers_as_one_node(
     citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A third worker registered (`citus_add_node`) and the shards rebalanced onto it (`citus_rebalance_start`):
-    the new worker holds shards of the source and of its postings, and search in every mode gives one node's
-    answers, as before the move; afterwards the worker is drained, removed and stopped."""
+    the new worker holds shards of the source, of its postings and of the shard anchors, and search in every
+    mode gives one node's answers, as before the move, with the lexical leg summing or pruning on each shard;
+    afterwards the worker is drained, removed and stopped."""
     corpus = tmp_path / "moved.jsonl"
     vectors = _random_corpus(corpus, seed=31, count=60)
     coordinator = _coordinator_url(citus_cluster)
@@ -800,10 +867,12 @@ def test_a_worker_added_and_shards_rebalanced_answers_as_one_node(
     try:
         with psycopg.connect(coordinator, autocommit=True) as conn:
             _rebalance(conn)
-        for table in ("agentdb_docs.moved", "agentdb.postings"):
+        for table in ("agentdb_docs.moved", "agentdb.postings", "agentdb.shard_anchors"):
             placed = _placements(coordinator, table)
             assert placed.get(str(third.port), 0) > 0 and sum(placed.values()) == SHARD_COUNT, (table, placed)
         _same_hits(_answers(coordinator, queries, source="moved"), one_node)
+        # MaxScore on each shard (a seed budget of one posting) finds the moved shards through their anchors
+        _same_hits(_answers(coordinator, queries, source="moved", seed_postings=1), one_node)
         with psycopg.connect(coordinator, autocommit=True) as conn:
             settings = conn.execute(
                 "select success, result from run_command_on_workers('select current_setting(''hnsw.iterative_scan'')')"
@@ -1041,13 +1110,20 @@ def _shards_read(
     mode: str,
     where: dict[str, Any] | None,
     role: str | None,
+    seed_postings: int | None = None,
+    sent_to: list[str] | None = None,
 ) -> tuple[set[str], set[str], int]:
     """The shards of a source's table and of the postings that one search's statements named, as Citus sent
-    them to the workers (`citus.log_remote_commands`), and how many rows the search returned."""
+    them to the workers (`citus.log_remote_commands`; the statements are added to `sent_to` if given), and how
+    many rows the search returned."""
     messages: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
         conn.add_notice_handler(lambda d: messages.append(d.message_primary or ""))
+        if seed_postings is not None:
+            conn.execute(
+                sql.SQL("set agentdb.lexical_seed_postings = {}").format(sql.Literal(str(seed_postings)))
+            )
         if role:
             conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
         conn.execute("set citus.log_remote_commands = on")
@@ -1057,6 +1133,8 @@ def _shards_read(
             " filter => %s)",
             (source, text, str(vector), mode, Jsonb(where) if where else None),
         ).fetchall()
+    if sent_to is not None:
+        sent_to.extend(messages)
     sent = " ".join(messages)
     return (
         set(re.findall(rf"agentdb_docs\.{source}_(\d+)", sent)),

@@ -112,6 +112,36 @@ def prepare(conn: psycopg.Connection[Any]) -> bool:
     return True
 
 
+def ensure_shard_anchors(conn: psycopg.Connection[Any]) -> None:
+    """On a coordinator, once: `agentdb.shard_anchors`, one row on every shard of the postings' co-location group
+    (a key that hashes to that shard), so that a statement over it runs a function once on each shard, on the
+    worker holding it, which finds that shard's postings and rows from the key
+    (agentdb_internal.shard_maxscore: the lexical leg's MaxScore per shard). A rebalance moves each row with
+    its shard; the shards are never split (SHARD_COUNT)."""
+    if not on_citus(conn) or _distributed(conn, "agentdb.shard_anchors"):
+        return
+    with conn.transaction():
+        conn.execute("set local citus.multi_shard_modify_mode to 'sequential'")
+        conn.execute("create table agentdb.shard_anchors (key text primary key)")
+        conn.execute("grant select on agentdb.shard_anchors to public")  # principals' roles read it too
+        conn.execute(
+            "select create_distributed_table('agentdb.shard_anchors', 'key', colocate_with => 'agentdb.postings')"
+        )
+        # The first key that hashes to each shard, of 'shard_1', 'shard_2', ...: 1,000 leave none of 8 out
+        # but with odds below 1e-57.
+        conn.execute(
+            "insert into agentdb.shard_anchors (key)"
+            " select distinct on (shard) key from (select 'shard_' || i as key,"
+            " get_shard_id_for_distribution_column('agentdb.shard_anchors', 'shard_' || i) as shard"
+            " from generate_series(1, 1000) i) k order by shard, key"
+        )
+        row = conn.execute(
+            "select (select count(*) from agentdb.shard_anchors),"
+            " (select count(*) from pg_dist_shard where logicalrelid = 'agentdb.postings'::regclass)"
+        ).fetchone()
+        assert row is not None and row[0] == row[1], row
+
+
 def carry_retrieve_settings(conn: psycopg.Connection[Any]) -> None:
     """On a coordinator: the settings `agentdb.retrieve` runs under (its SET clauses: the HNSW iterative scan and
     its limits, jit, work_mem) made this database's defaults, which Citus carries to every worker. A function's

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.cluster import citus_version
-from agentdb.db.distribute import carry_retrieve_settings
+from agentdb.db.distribute import carry_retrieve_settings, ensure_shard_anchors
 from agentdb.db.distribute import prepare as prepare_distribution
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
@@ -83,6 +83,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             if prepare_distribution(conn):
                 _create_functions(conn)
             carry_retrieve_settings(conn)
+            ensure_shard_anchors(conn)
             return applied
         _create_functions(conn)
         if prepare_distribution(conn):
@@ -92,6 +93,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             # catalog's own row type matched no function). Created again, they name the catalog's.
             _create_functions(conn)
         carry_retrieve_settings(conn)
+        ensure_shard_anchors(conn)
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
