@@ -1146,29 +1146,60 @@ select jsonb_build_object(
 $$;
 
 -- The string that `filter` (any syntax agentdb_internal.compile_filter takes, over `fields`) requires field
--- `field` to equal, or null: an equality on it ({"F": "x"}, {"F": {"$eq": "x"}}, a term query) standing alone
--- or among the ANDed conditions at the top of the filter, so every row the filter keeps has that value. A
--- source distributed by its tenant field reads one shard under it (agentdb.retrieve's tenant routing).
+-- `field` to equal, or null: agentdb_internal.filter_node_fixed_value of its parsed form. A source distributed by
+-- its tenant field reads one shard under it (agentdb.retrieve's tenant routing).
 create or replace function agentdb_internal.filter_fixed_value(fields jsonb, filter jsonb, field text) returns text
 language plpgsql stable as $$
-declare
-    todo jsonb[];
-    node jsonb;
 begin
     if filter is null or filter in ('null'::jsonb, '{}'::jsonb, '""'::jsonb) then
         return null;
     end if;
-    todo := array[(agentdb_internal.filter_parse(agentdb_internal.filter_context(fields, ''), filter, '', 1, 0, 0)).ast];
-    while cardinality(todo) > 0 loop
-        node := todo[1];
-        todo := todo[2:];
-        if node->>'t' = 'and' then
-            todo := todo || array(select jsonb_array_elements(node->'args'));
-        elsif node->>'t' = 'cmp' and node->>'op' = 'eq' and node->>'f' = field
-              and jsonb_typeof(node->'v') = 'string' then
+    return agentdb_internal.filter_node_fixed_value(
+        (agentdb_internal.filter_parse(agentdb_internal.filter_context(fields, ''), filter, '', 1, 0, 0)).ast, field);
+end;
+$$;
+
+-- The string that the parsed filter `node` requires field `field` to equal, so every row it keeps has that
+-- value, or null: an equality on it ({"F": "x"}, {"F": {"$eq": "x"}}), an `$in` whose values are all that
+-- one string, a conjunction with one such condition among its terms, or a disjunction of which every term
+-- requires the same string. Anything else (a negation, a range, an `$in` of two values) fixes nothing.
+create or replace function agentdb_internal.filter_node_fixed_value(node jsonb, field text) returns text
+language plpgsql immutable as $$
+declare
+    arg jsonb;
+    each text;
+    found text;
+begin
+    case node->>'t'
+    when 'cmp' then
+        if node->>'op' = 'eq' and node->>'f' = field and jsonb_typeof(node->'v') = 'string' then
             return node->>'v';
         end if;
-    end loop;
+    when 'in' then
+        if not coalesce((node->>'neg')::boolean, false) and node->>'f' = field
+           and (select bool_and(jsonb_typeof(x) = 'string') and count(distinct x) = 1
+                from jsonb_array_elements(node->'v') x) then
+            return node->'v'->>0;
+        end if;
+    when 'and' then
+        for arg in select jsonb_array_elements(node->'args') loop
+            found := agentdb_internal.filter_node_fixed_value(arg, field);
+            if found is not null then
+                return found;
+            end if;
+        end loop;
+    when 'or' then
+        for arg in select jsonb_array_elements(node->'args') loop
+            each := agentdb_internal.filter_node_fixed_value(arg, field);
+            if each is null or each is distinct from coalesce(found, each) then
+                return null;
+            end if;
+            found := each;
+        end loop;
+        return found;
+    else
+        null;
+    end case;
     return null;
 end;
 $$;

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from agentdb.errors import InvalidParamValue
 from agentdb.filters import compile_filter, validate_filter
 from agentdb.sources import FieldSpec, Source, create_document_source
-from tests.filter_oracle import TIMESTAMPS, filters, matches, sample_metadata
+from tests.filter_oracle import STRINGS, TIMESTAMPS, filters, matches, sample_metadata
 
 FIELDS = [
     FieldSpec(name="year", type="int"),
@@ -599,6 +599,67 @@ def test_random_filters_match_the_oracle(
     predicate, params = compile_filter(conn, source, filter, REF)
     got = rows_matching(conn, "agentdb_docs.t", "doc_id", predicate, params)
     assert got == expected(rows, filter), predicate
+
+
+# The value a filter fixes (tenant routing) -------------------------------------------------------------------
+
+
+def _fixed_value(conn: psycopg.Connection[Any], filter: Any, field: str = "status") -> str | None:
+    row = conn.execute(
+        "select agentdb_internal.filter_fixed_value(s.fields, %s, %s) from agentdb.sources s where s.name = 't'",
+        (Jsonb(filter), field),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.mark.parametrize(
+    ("filter", "fixed"),
+    [
+        ({"status": "a"}, "a"),
+        ({"status": {"$eq": "a"}}, "a"),
+        ({"status": {"$in": ["a"]}}, "a"),
+        ({"status": {"$in": ["a", "a"]}}, "a"),
+        ({"status": "a", "year": 1}, "a"),
+        ({"$and": [{"year": 1}, {"$and": [{"status": {"$in": ["a"]}}]}]}, "a"),
+        ({"$or": [{"status": "a"}, {"$and": [{"status": {"$in": ["a"]}}, {"year": 2}]}]}, "a"),
+        ({"status": {"$in": ["a", "b"]}}, None),
+        ({"status": {"$nin": ["a"]}}, None),
+        ({"status": {"$ne": "a"}}, None),
+        ({"$not": {"status": "a"}}, None),
+        ({"$or": [{"status": "a"}, {"status": "b"}]}, None),
+        ({"$or": [{"status": "a"}, {"year": 1}]}, None),
+        ({"lang": "a"}, None),  # another field
+        ({"year": 1}, None),
+    ],
+)
+def test_the_value_a_filter_fixes(conn: psycopg.Connection[Any], filter: Any, fixed: str | None) -> None:
+    """An equality on the field, an `$in` of one value, a conjunction holding one, or a disjunction whose every
+    term fixes the same value fix it; a negation, two values or another field do not."""
+    create_document_source(conn, "t", embedding_model="m", embedding_dim=3, fields=FIELDS)
+    assert _fixed_value(conn, filter) == fixed
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_fixed_value_holds_on_every_row_the_filter_keeps(
+    docs: tuple[Source, dict[str, dict[str, Any]]], conn: psycopg.Connection[Any], data: st.DataObject
+) -> None:
+    """Whatever value a random filter is said to fix, every row it keeps has that value (a read routed by it to
+    one tenant's shard misses no row); with an equality ANDed to it, a value is always fixed."""
+    _, rows = docs
+    inner = data.draw(filters(FIELD_DICTS, DOC_IDS), label="filter")
+    value = data.draw(st.sampled_from(STRINGS), label="value")
+    shape = data.draw(st.sampled_from(["alone", "and", "or"]), label="shape")
+    filter = {
+        "alone": inner,
+        "and": {"$and": [inner, {"status": value}]},
+        "or": {"$or": [{"$and": [inner, {"status": value}]}, {"status": {"$in": [value, value]}}]},
+    }[shape]
+    fixed = _fixed_value(conn, filter)
+    assert all(rows[doc_id].get("status") == fixed for doc_id in expected(rows, filter)) or fixed is None
+    if shape != "alone":
+        assert fixed is not None
 
 
 def test_random_filters_hit_a_meaningful_fraction_of_rows() -> None:
