@@ -897,9 +897,14 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
+    # A run without pg_textsearch drops its file, whose copy of agentdb's paths would pin the accelerator the
+    # run that wrote it built.
+    dropped = not args.pg_textsearch and (DATA_DIR / "pg" / PG_TEXTSEARCH_CONF).exists()
+    if dropped:
+        (DATA_DIR / "pg" / PG_TEXTSEARCH_CONF).unlink()
     base_url = embedded_url(DATA_DIR)
-    if args.pg_textsearch and pg_textsearch_configure(args.pg_textsearch, DATA_DIR / "pg"):
-        # The start rewrote agentdb's paths: the bench's file takes them up again.
+    if dropped or (args.pg_textsearch and pg_textsearch_configure(args.pg_textsearch, DATA_DIR / "pg")):
+        # The start rewrote agentdb's paths: the bench's file takes them up again (or no longer overrides them).
         with psycopg.connect(base_url, autocommit=True) as admin:
             admin.execute("select pg_reload_conf()")
         time.sleep(1)

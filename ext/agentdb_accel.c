@@ -57,11 +57,12 @@
 #include "utils/tuplestore.h"
 #include "tsearch/ts_type.h"
 
-PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.3");
+PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.4");
 
 PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk_blocks);
 PG_FUNCTION_INFO_V1(agentdb_accel_tsv_blocks);
 PG_FUNCTION_INFO_V1(agentdb_accel_tsv_total_len);
+PG_FUNCTION_INFO_V1(agentdb_accel_merged_blocks);
 
 /* A block holds the postings of up to this many chunks of one term. */
 #define BLOCK 128
@@ -1063,6 +1064,64 @@ write_array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype)
 }
 
 /*
+ * Term `term`'s postings tp[0..n) (distinct chunk ids), ordered by chunk id and cut into blocks of BLOCK, put as
+ * rows (term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls) of function `fn`'s result.
+ */
+static void
+put_blocks(ReturnSetInfo *rsinfo, text *term, WritePosting *tp, int64 n, const char *fn)
+{
+	int64		i;
+	int64		from;
+	bool		ordered = true;
+
+	for (i = 1; i < n && ordered; i++)
+		ordered = tp[i - 1].cid < tp[i].cid;
+	if (!ordered)
+		qsort(tp, n, sizeof(WritePosting), write_posting_order);
+	for (from = 0; from < n; from += BLOCK)
+	{
+		int			m = (int) Min(BLOCK, n - from);
+		Datum		offs[BLOCK];
+		Datum		tfs[BLOCK];
+		Datum		dls[BLOCK];
+		int64		lo = tp[from].cid;
+		int64		hi = tp[from + m - 1].cid;
+		int32		max_tf = 0;
+		int32		min_dl = PG_INT32_MAX;
+		Datum		values[8];
+		bool		nulls[8] = {false, false, false, false, false, false, false, false};
+		int			k;
+
+		for (k = 0; k < m; k++)
+		{
+			const WritePosting *w = &tp[from + k];
+
+			if (w->cid - lo > PG_INT32_MAX)
+				ereport(ERROR,
+						(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+						 errmsg("%s: a block's chunk range is out of range", fn)));
+			offs[k] = Int32GetDatum((int32) (w->cid - lo));
+			tfs[k] = Int16GetDatum(w->tf);
+			dls[k] = Int32GetDatum(w->dl);
+			max_tf = Max(max_tf, w->tf);
+			min_dl = Min(min_dl, w->dl);
+		}
+		values[0] = PointerGetDatum(term);
+		values[1] = Int64GetDatum(lo);
+		values[2] = Int64GetDatum(hi);
+		values[3] = Int32GetDatum(max_tf);
+		values[4] = Int32GetDatum(min_dl);
+		values[5] = PointerGetDatum(construct_array_builtin(offs, m, INT4OID));
+		values[6] = PointerGetDatum(construct_array_builtin(tfs, m, INT2OID));
+		values[7] = PointerGetDatum(construct_array_builtin(dls, m, INT4OID));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		pfree(DatumGetPointer(values[5]));
+		pfree(DatumGetPointer(values[6]));
+		pfree(DatumGetPointer(values[7]));
+	}
+}
+
+/*
  * agentdb_accel.tsv_blocks(chunk_ids bigint[], tsvs tsvector[])
  * returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[],
  *                tfs int2[], dls int4[])
@@ -1205,60 +1264,10 @@ agentdb_accel_tsv_blocks(PG_FUNCTION_ARGS)
 	/* Each term's postings in chunk order, cut into blocks. */
 	for (t = 0; t < nterms; t++)
 	{
-		WritePosting *tp = &by_term[starts[t]];
-		int64		n = starts[t + 1] - starts[t];
-		int64		i;
-		int64		from;
-		bool		ordered = true;
-		text	   *term;
+		text	   *term = cstring_to_text_with_len(lexemes[t].lexeme, (int) lexemes[t].len);
 
 		CHECK_FOR_INTERRUPTS();
-		for (i = 1; i < n && ordered; i++)
-			ordered = tp[i - 1].cid < tp[i].cid;
-		if (!ordered)
-			qsort(tp, n, sizeof(WritePosting), write_posting_order);
-		term = cstring_to_text_with_len(lexemes[t].lexeme, (int) lexemes[t].len);
-		for (from = 0; from < n; from += BLOCK)
-		{
-			int			m = (int) Min(BLOCK, n - from);
-			Datum		offs[BLOCK];
-			Datum		tfs[BLOCK];
-			Datum		dls[BLOCK];
-			int64		lo = tp[from].cid;
-			int64		hi = tp[from + m - 1].cid;
-			int32		max_tf = 0;
-			int32		min_dl = PG_INT32_MAX;
-			Datum		values[8];
-			bool		nulls[8] = {false, false, false, false, false, false, false, false};
-			int			k;
-
-			for (k = 0; k < m; k++)
-			{
-				const WritePosting *w = &tp[from + k];
-
-				if (w->cid - lo > PG_INT32_MAX)
-					ereport(ERROR,
-							(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-							 errmsg("agentdb_accel.tsv_blocks: a block's chunk range is out of range")));
-				offs[k] = Int32GetDatum((int32) (w->cid - lo));
-				tfs[k] = Int16GetDatum(w->tf);
-				dls[k] = Int32GetDatum(w->dl);
-				max_tf = Max(max_tf, w->tf);
-				min_dl = Min(min_dl, w->dl);
-			}
-			values[0] = PointerGetDatum(term);
-			values[1] = Int64GetDatum(lo);
-			values[2] = Int64GetDatum(hi);
-			values[3] = Int32GetDatum(max_tf);
-			values[4] = Int32GetDatum(min_dl);
-			values[5] = PointerGetDatum(construct_array_builtin(offs, m, INT4OID));
-			values[6] = PointerGetDatum(construct_array_builtin(tfs, m, INT2OID));
-			values[7] = PointerGetDatum(construct_array_builtin(dls, m, INT4OID));
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-			pfree(DatumGetPointer(values[5]));
-			pfree(DatumGetPointer(values[6]));
-			pfree(DatumGetPointer(values[7]));
-		}
+		put_blocks(rsinfo, term, &by_term[starts[t]], starts[t + 1] - starts[t], "agentdb_accel.tsv_blocks");
 		pfree(term);
 	}
 
@@ -1298,4 +1307,84 @@ agentdb_accel_tsv_total_len(PG_FUNCTION_ARGS)
 	}
 	array_free_iterator(it);
 	PG_RETURN_INT64(len);
+}
+
+/* A term's postings gathered from its blocks (merged_blocks). */
+typedef struct Gathered
+{
+	WritePosting *post;
+	int64		n;
+	int64		cap;
+} Gathered;
+
+static void
+gather(void *arg, QueryTerm *t, const PostingBlock *block)
+{
+	Gathered   *g = arg;
+	int			i;
+
+	if (g->n + block->n > g->cap)
+	{
+		g->cap = Max(g->cap * 2, g->n + block->n);
+		g->post = repalloc_huge(g->post, sizeof(WritePosting) * g->cap);
+	}
+	for (i = 0; i < block->n; i++)
+	{
+		WritePosting *w = &g->post[g->n++];
+
+		w->cid = block->cid[i];
+		w->tf = (int16) block->tf[i];
+		w->dl = block->dl[i];
+	}
+}
+
+/*
+ * agentdb_accel.merged_blocks(source_id int, terms text[])
+ * returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[],
+ *                tfs int2[], dls int4[])
+ *
+ * Source source_id's blocks of each of `terms` (agentdb.posting_blocks, read as the cursor reads them, under
+ * the caller's snapshot) cut again: the term's postings in chunk order, BLOCK a block. These are the blocks
+ * agentdb_internal.block_sql cuts from the same postings when sorted; agentdb.lexical_optimize puts them in
+ * place of the term's blocks, without a row a posting in between.
+ */
+Datum
+agentdb_accel_merged_blocks(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext work;
+	MemoryContext old;
+	Postings	p;
+	Datum	   *terms;
+	bool	   *term_nulls;
+	int			nterms;
+	Gathered	g;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		PG_RETURN_VOID();
+	work = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel merged_blocks", ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(work);
+	deconstruct_array_builtin(write_array_arg(fcinfo, 1, TEXTOID), TEXTOID, &terms, &term_nulls, &nterms);
+	postings_open(&p, PG_GETARG_INT32(0), 0, 0);
+	g.cap = 1024;
+	g.post = palloc(sizeof(WritePosting) * g.cap);
+	for (i = 0; i < nterms; i++)
+	{
+		QueryTerm	t;
+
+		CHECK_FOR_INTERRUPTS();
+		if (term_nulls[i])
+			continue;
+		memset(&t, 0, sizeof(QueryTerm));
+		t.term = terms[i];
+		g.n = 0;
+		scan_term(&p, &t, NULL, gather, &g);
+		put_blocks(rsinfo, DatumGetTextPP(terms[i]), g.post, g.n, "agentdb_accel.merged_blocks");
+	}
+	postings_close(&p);
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(work);
+	PG_RETURN_VOID();
 }

@@ -180,14 +180,15 @@ select case when layout = 'rows' then format($q$
 $$;
 
 -- Whether this session's lexical writes to a source in the block layout take the accelerator's write path
--- (ext/, agentdb_accel.tsv_blocks): the extension offers it to the current user (the owner of the SECURITY
--- DEFINER triggers) and agentdb.lexical_path is not 'sql'. Else agentdb.lexical_add_sql's plain SQL.
-create or replace function agentdb_internal.lexical_write_accel() returns boolean
+-- through its function `fn` (ext/: agentdb_accel.tsv_blocks for a write, merged_blocks for a merge): the
+-- extension offers it to the current user (the owner of the SECURITY DEFINER triggers) and
+-- agentdb.lexical_path is not 'sql'. Else the plain SQL statements.
+create or replace function agentdb_internal.lexical_write_accel(fn text default 'tsv_blocks') returns boolean
 language sql stable as $$
 select coalesce(current_setting('agentdb.lexical_path', true), '') <> 'sql'
        and coalesce((select has_function_privilege(x.oid, 'execute')
                      from pg_catalog.pg_proc x
-                     where x.proname = 'tsv_blocks' and x.pronamespace = to_regnamespace('agentdb_accel')), false)
+                     where x.proname = fn and x.pronamespace = to_regnamespace('agentdb_accel')), false)
 $$;
 
 -- agentdb.lexical_add_sql's statement for the block layout on the accelerator's write path: the rows' ids and
@@ -596,6 +597,11 @@ begin
     perform 1 from agentdb.corpus_stats c where c.source_id = src.id for share;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
         into blocks_before using src.id;
+    -- The terms whose blocks number a quarter more than their postings need are cut again: by the
+    -- accelerator's agentdb_accel.merged_blocks from the blocks as they stand (the statement's snapshot, which
+    -- its delete does not change), or in SQL from the deleted blocks' postings, a row each
+    -- (agentdb_internal.block_sql). The same blocks either way. The insert waits for the whole delete (the
+    -- count of `hit`, evaluated before its first row): a term's new first block keeps its old key.
     execute format($q$
         with terms as (
             select b.term from agentdb.posting_blocks b where b.source_id = $1 %s
@@ -603,15 +609,25 @@ begin
         ), hit as (
             delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
             returning b.term, b.first_chunk, b.offs, b.tfs, b.dls
-        ), kept as (
-            select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
-            from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
-                  from hit h) u
         ), %s
         update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
         from (select term, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
               from blocks group by term order by term) n
-        where s.source_id = $1 and s.term = n.term $q$, range_sql, agentdb_internal.block_sql('kept', '', true))
+        where s.source_id = $1 and s.term = n.term $q$, range_sql,
+        case when agentdb_internal.lexical_write_accel('merged_blocks') then $c$
+        blocks as (
+            insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
+            select $1, m.term, m.first_chunk, m.last_chunk, m.max_tf, m.min_dl, m.offs, m.tfs, m.dls
+            from agentdb_accel.merged_blocks($1, (select array_agg(t.term order by t.term) from terms t)) m
+            where (select count(*) from hit) > 0
+            returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
+        ) $c$
+        else $c$
+        kept as (
+            select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
+            from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
+                  from hit h) u
+        ), $c$ || agentdb_internal.block_sql('kept', '', true) end)
         using src.id;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
         into blocks_after using src.id;

@@ -211,6 +211,25 @@ def test_a_principal_reaches_the_cursor_only_through_its_policy(
         assert n == 0
 
 
+def test_migrate_updates_an_accelerator_older_than_the_server_offers(conn: psycopg.Connection[Any]) -> None:
+    """A database whose functions are current but whose accelerator is older than the server's build (the build
+    came after the functions were made) is updated by the next migrate, which runs sql/ again for it."""
+    from agentdb.db.migrate import migrate
+
+    (offered,) = conn.execute(
+        "select default_version from pg_available_extensions where name = 'agentdb_accel'"
+    ).fetchone() or (None,)
+    assert offered is not None and offered != "1.3"
+    conn.execute("drop extension agentdb_accel")
+    conn.execute("create extension agentdb_accel version '1.3'")
+    migrate(conn)
+    assert conn.execute("select extversion from pg_extension where extname = 'agentdb_accel'").fetchone() == (
+        offered,
+    )
+    migrate(conn)  # current again: nothing to do
+    assert conn.execute("select agentdb_internal.lexical_write_accel('merged_blocks')").fetchone() == (True,)
+
+
 def test_forcing_the_sql_path_and_no_compiler(
     embedded_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -312,7 +331,8 @@ def test_the_write_path_in_c_writes_what_sql_writes(
 ) -> None:
     """The same rows written to two block sources, one through agentdb_accel.tsv_blocks and one through the
     plain SQL statements (random inserts, updates of text, deletes): the same postings, term and corpus
-    statistics, and after inserts alone the same blocks; lexical_check finds nothing on either."""
+    statistics, and after inserts alone the same blocks; lexical_check finds nothing on either. A merge of
+    either source's blocks cuts the same blocks on both paths."""
     paths = {"wa": "accel", "ws": "sql"}
     for name in paths:
         conn.execute(sql.SQL("drop table if exists {} cascade").format(sql.Identifier("agentdb_docs", name)))
@@ -357,3 +377,15 @@ def test_the_write_path_in_c_writes_what_sql_writes(
         assert c_path[blocks] == sql_path[blocks] and c_path[terms] == sql_path[terms]
     for name in paths:
         assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,)))
+        # A merge (agentdb_accel.merged_blocks or the SQL statements) cuts the same blocks from the same blocks.
+        merged = {}
+        for path in ("sql", "accel"):
+            _on(conn, path)
+            assert conn.execute("select agentdb_internal.lexical_write_accel('merged_blocks')").fetchone() == (
+                path == "accel",
+            )
+            with conn.transaction(force_rollback=True):
+                optimize_source(conn, name)
+                merged[path] = _derived(conn, name)
+                assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,)))
+        assert merged["accel"] == merged["sql"]

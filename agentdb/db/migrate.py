@@ -79,7 +79,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         # a running server (a second agentdb starting, a failover check) fails the statements that other
         # sessions, on this server or its replicas, are running with them ("cache lookup failed").
         row = conn.execute("select digest from agentdb.schema_functions").fetchone()
-        if not applied and row is not None and row[0] == functions_digest():
+        if not applied and row is not None and row[0] == functions_digest() and not _accel_behind(conn):
             if prepare_distribution(conn):
                 _create_functions(conn)
             carry_retrieve_settings(conn)
@@ -154,6 +154,16 @@ def _create_tracking_tables(conn: psycopg.Connection[Any]) -> None:
         " singleton boolean primary key default true check (singleton), digest text not null,"
         " applied_at timestamptz not null default now())"
     )
+
+
+def _accel_behind(conn: psycopg.Connection[Any]) -> bool:
+    """Whether this database holds the accelerator at a version older than the server offers now (a build that
+    came after the functions were created): the sql/ files update it, so they run again."""
+    row = conn.execute(
+        "select string_to_array(installed_version, '.')::int[] < string_to_array(default_version, '.')::int[]"
+        " from pg_available_extensions where name = 'agentdb_accel' and installed_version is not null"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def functions_digest(package: str = SQL) -> str:
