@@ -381,11 +381,13 @@ def test_the_write_path_in_c_writes_what_sql_writes(
         merged = {}
         for path in ("sql", "accel"):
             _on(conn, path)
-            assert conn.execute("select agentdb_internal.lexical_write_accel('merged_blocks')").fetchone() == (
-                path == "accel",
-            )
+            assert conn.execute(
+                "select agentdb_internal.lexical_write_accel('merged_blocks')"
+            ).fetchone() == (path == "accel",)
             with conn.transaction(force_rollback=True):
                 optimize_source(conn, name)
                 merged[path] = _derived(conn, name)
-                assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,)))
+                assert all(
+                    n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,))
+                )
         assert merged["accel"] == merged["sql"]
