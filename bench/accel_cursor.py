@@ -123,7 +123,8 @@ def measure(
     top_k: int,
     repeat: int,
 ) -> dict[str, Any]:
-    conn.execute("create schema if not exists accel_ab")
+    conn.execute("drop schema if exists accel_ab cascade")  # made anew: an older run may have declared others
+    conn.execute("create schema accel_ab")
     for version, lib in libs.items():
         conn.execute(
             sql.SQL(

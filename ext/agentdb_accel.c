@@ -19,8 +19,8 @@
  * of its postings that skips blocks holding no candidate (on the index tuple) or unable to lift one to theta
  * (on the block's max_tf and min_dl), or by one index probe a candidate when they are few beside the term's
  * postings. The accumulator is an array of partial scores in pages of consecutive chunk ids while the
- * essential terms are summed; theta after each is found among the chunks that term reached and the best k
- * before it. The candidates leave the accumulator once, as an array in chunk order (its pages in order), which
+ * essential terms are summed; theta after each is found among the best k chunks that term reached (a heap
+ * kept as it is summed) and the best k before it. The candidates leave the accumulator once, as an array in chunk order (its pages in order), which
  * each scan merges with the blocks' postings and each pruning compacts in place. The result is the k best
  * chunks by (score desc, chunk id) among every chunk holding a query term, visible to the caller's filters or
  * not: the caller applies them.
@@ -473,28 +473,61 @@ probe(Postings *p, QueryTerm *t, int64 cid, PostingBlock *block)
 }
 
 /*
- * What an essential term's postings add to, and the chunks it reached, each once, with its score as it first
- * reached it (lower than the chunk's score after the term only where the chunk had two postings of the term).
+ * What an essential term's postings add to, and the best k chunks it reached: a min-heap by score of at most k
+ * of them, each with its score as the term first reached it (lower than the chunk's score after the term only
+ * where the chunk had two postings of the term). A posting that does not beat the heap's least score once it
+ * holds k costs one comparison.
  */
 typedef struct Accumulate
 {
 	Acc		   *acc;
 	Postings   *p;
 	uint16		stamp;			/* the term's stamp */
-	Hit		   *reached;
-	int64		n;
+	int64		k;
+	Hit		   *best;			/* best[0]: the least score of the heap */
+	int64		nbest;
 	int64		cap;
 } Accumulate;
 
-/* Room in a->reached for n more. */
+/* Offer chunk cid, of this score, to the heap of the best k. */
 static void
-reach_room(Accumulate *a, int64 n)
+offer_best(Accumulate *a, int64 cid, double score)
 {
-	if (a->n + n > a->cap)
+	Hit		   *h = a->best;
+	int64		i;
+
+	if (a->nbest < a->k)
 	{
-		a->cap = Max(a->cap * 2, a->n + n);
-		a->reached = repalloc_huge(a->reached, sizeof(Hit) * a->cap);
+		if (a->nbest == a->cap)
+		{
+			a->cap = Min(a->cap * 2, a->k);
+			h = a->best = repalloc_huge(a->best, sizeof(Hit) * a->cap);
+		}
+		/* sift up */
+		for (i = a->nbest++; i > 0 && h[(i - 1) / 2].score > score; i = (i - 1) / 2)
+			h[i] = h[(i - 1) / 2];
+		h[i].cid = cid;
+		h[i].score = score;
+		return;
 	}
+	if (score <= h[0].score)
+		return;
+	/* the least gives way: sift down */
+	for (i = 0;;)
+	{
+		int64		c = 2 * i + 1;
+
+		if (c >= a->nbest)
+			break;
+		if (c + 1 < a->nbest && h[c + 1].score < h[c].score)
+			c++;
+		if (h[c].score >= score)
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	h[i].cid = cid;
+	h[i].score = score;
 }
 
 /* Essential terms: every posting adds to the accumulator. */
@@ -504,7 +537,6 @@ accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 	Accumulate *a = arg;
 	int			i;
 
-	reach_room(a, block->n);
 	for (i = 0; i < block->n; i++)
 	{
 		int64		cid = block->cid[i];
@@ -522,9 +554,8 @@ accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 		if (d->stamp[o] != a->stamp)
 		{
 			d->stamp[o] = a->stamp;
-			a->reached[a->n].cid = cid;
-			a->reached[a->n].score = d->score[o];
-			a->n++;
+			if (a->nbest < a->k || d->score[o] > a->best[0].score)
+				offer_best(a, cid, d->score[o]);
 		}
 	}
 }
@@ -654,43 +685,28 @@ below(double kth)
 }
 
 /*
- * theta once an essential term is summed (`a`, the chunks it reached): the k-th best partial score. The best k
- * now are among the chunks the term reached and the best k before it (any other kept its score, below those
- * k), so it is found among them; top[0..*ntop) (room for k) becomes the best k now.
+ * theta once an essential term is summed (`a`, the best k chunks it reached): the k-th best partial score. The
+ * best k now are among the best k the term reached and the best k before it (any other kept its score, below
+ * those k), so the best k before it that the term did not reach join the heap; top[0..*ntop) (room for k)
+ * becomes the best k now.
  */
 static double
-essential_theta(Accumulate *a, int64 k, int64 *top, int64 *ntop)
+essential_theta(Accumulate *a, int64 *top, int64 *ntop)
 {
-	Hit		   *hits;
-	int64		n;
 	int64		i;
-	double		kth;
 
-	reach_room(a, *ntop);
-	hits = a->reached;
-	n = a->n;
 	for (i = 0; i < *ntop; i++)
 	{
 		AccData    *d = acc_page(a->acc, top[i] >> ACC_PAGE_BITS);
 		int			o = (int) (top[i] & (ACC_PAGE - 1));
 
 		if (d->stamp[o] != a->stamp)
-		{
-			hits[n].cid = top[i];
-			hits[n].score = d->score[o];
-			n++;
-		}
+			offer_best(a, top[i], d->score[o]);
 	}
-	if (n == 0)
-	{
-		*ntop = 0;
-		return 0;
-	}
-	kth = kth_hit(hits, n, Min(n, k));
-	*ntop = Min(n, k);
-	for (i = 0; i < *ntop; i++)
-		top[i] = hits[i].cid;
-	return n < k ? 0 : below(kth);
+	*ntop = a->nbest;
+	for (i = 0; i < a->nbest; i++)
+		top[i] = a->best[i].cid;
+	return a->nbest < a->k ? 0 : below(a->best[0].score);
 }
 
 /* theta over the held chunks. */
@@ -911,14 +927,15 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	acc.members = 0;
 	arg.acc = &acc;
 	arg.p = &p;
-	arg.cap = Max(1024, Min(qt[0].df, PG_INT32_MAX / 2));
-	arg.reached = MemoryContextAllocHuge(work, sizeof(Hit) * arg.cap);
+	arg.k = k;
+	arg.cap = Min(k, 1024);
+	arg.best = MemoryContextAllocHuge(work, sizeof(Hit) * arg.cap);
 	for (i = 0; i < nterms && (i == 0 || after[i] >= theta); i++)
 	{
 		int64		need;
 
 		arg.stamp = (uint16) (i % PG_UINT16_MAX) + 1;
-		arg.n = 0;
+		arg.nbest = 0;
 		scan_term(&p, &qt[i], NULL, accumulate, &arg);
 		need = Max(Min(k, acc.members), 1);
 		if (need > topcap)
@@ -927,9 +944,9 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 				: repalloc_huge(top, sizeof(int64) * need);
 			topcap = need;
 		}
-		theta = essential_theta(&arg, k, top, &ntop);
+		theta = essential_theta(&arg, top, &ntop);
 	}
-	pfree(arg.reached);
+	pfree(arg.best);
 
 	/* The rest: added to the chunks that can still reach theta, which rises as they do. */
 	hold(&acc, after[i], theta, &held);
