@@ -20,10 +20,10 @@
  * (on the block's max_tf and min_dl), or by one index probe a candidate when they are few beside the term's
  * postings. The accumulator is an array of partial scores in pages of consecutive chunk ids while the
  * essential terms are summed; theta after each is found among the best k chunks that term reached (a heap
- * kept as it is summed) and the best k before it. The candidates leave the accumulator once, as an array in chunk order (its pages in order), which
- * each scan merges with the blocks' postings and each pruning compacts in place. The result is the k best
- * chunks by (score desc, chunk id) among every chunk holding a query term, visible to the caller's filters or
- * not: the caller applies them.
+ * kept as it is summed) and the best k before it. The candidates leave the accumulator once, as an array in
+ * chunk order (its pages in order), which each scan merges with the blocks' postings and each pruning
+ * compacts in place. The result is the k best chunks by (score desc, chunk id) among every chunk holding a
+ * query term, visible to the caller's filters or not: the caller applies them.
  *
  * Everything is allocated in a memory context of the call, deleted before it returns; nothing outlives it.
  */
