@@ -589,6 +589,7 @@ language plpgsql as $$
 declare
     src agentdb.sources;
     range_sql text := concat(' and b.term >= ' || quote_literal(term_from), ' and b.term < ' || quote_literal(term_to));
+    accel constant boolean := agentdb_internal.lexical_write_accel('merged_blocks');
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
@@ -608,13 +609,15 @@ begin
             group by b.term having count(*) * 4 > ceil(sum(cardinality(b.offs)) / 128.0) * 5
         ), hit as (
             delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
-            returning b.term, b.first_chunk, b.offs, b.tfs, b.dls
+            returning %s
         ), %s
         update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
         from (select term, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
               from blocks group by term order by term) n
         where s.source_id = $1 and s.term = n.term $q$, range_sql,
-        case when agentdb_internal.lexical_write_accel('merged_blocks') then $c$
+        -- the SQL cut reads the deleted blocks' arrays; merged_blocks reads the blocks itself
+        case when accel then 'b.term' else 'b.term, b.first_chunk, b.offs, b.tfs, b.dls' end,
+        case when accel then $c$
         blocks as (
             insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
             select $1, m.term, m.first_chunk, m.last_chunk, m.max_tf, m.min_dl, m.offs, m.tfs, m.dls
