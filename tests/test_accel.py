@@ -230,6 +230,21 @@ def test_migrate_updates_an_accelerator_older_than_the_server_offers(conn: psyco
     assert conn.execute("select agentdb_internal.lexical_write_accel('merged_blocks')").fetchone() == (True,)
 
 
+def test_a_principal_may_not_call_the_merge(
+    conn: psycopg.Connection[Any], corpus: random.Random, reader: Any
+) -> None:
+    """agentdb_accel.merged_blocks reads every chunk's blocks: a principal's role may not call it, with any
+    arguments, hostile ones included."""
+    for terms in (["w0x"], ["w0x\u00e9" * 2000], []):
+        with principal_scope(conn, reader) as scoped:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                scoped.execute(
+                    "select count(*) from agentdb_accel.merged_blocks((select id from agentdb.sources"
+                    " where name = 'blk'), %s)",
+                    (terms,),
+                )
+
+
 def test_forcing_the_sql_path_and_no_compiler(
     embedded_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
