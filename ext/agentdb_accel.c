@@ -45,6 +45,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "port/pg_bitutils.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -87,6 +88,7 @@ typedef struct AccData
 {
 	double		score[ACC_PAGE];
 	uint16		stamp[ACC_PAGE];	/* 1 + the last term that added to the chunk; 0: no term yet */
+	uint64		member[ACC_PAGE / 64];	/* bit o: chunk o has a score (its stamp is not 0) */
 } AccData;
 
 typedef struct AccPage
@@ -129,6 +131,7 @@ acc_page(Acc *a, int64 pageno)
 		{
 			page->data = MemoryContextAlloc(a->cxt, sizeof(AccData));
 			memset(page->data->stamp, 0, sizeof(page->data->stamp));
+			memset(page->data->member, 0, sizeof(page->data->member));
 		}
 		a->last_pageno = pageno;
 		a->last = page->data;
@@ -547,6 +550,7 @@ accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
 		if (d->stamp[o] == 0)
 		{
 			d->score[o] = c;
+			d->member[o >> 6] |= UINT64CONST(1) << (o & 63);
 			a->acc->members++;
 		}
 		else
@@ -754,7 +758,8 @@ page_order(const void *a, const void *b)
 }
 
 /*
- * The chunks of the accumulator whose score plus `bound` reaches theta, in chunk order (its pages in order).
+ * The chunks of the accumulator whose score plus `bound` reaches theta, in chunk order (its pages in order, each
+ * page's chunks by its bitmap of members: the scores of chunks never reached are not read).
  */
 static void
 hold(Acc *a, double bound, double theta, Held *h)
@@ -774,16 +779,26 @@ hold(Acc *a, double bound, double theta, Held *h)
 	for (i = 0; i < npages; i++)
 	{
 		const AccData *d = pages[i]->data;
-		int			o;
+		int			w;
 
 		CHECK_FOR_INTERRUPTS();
-		for (o = 0; o < ACC_PAGE; o++)
-			if (d->stamp[o] != 0 && d->score[o] + bound >= theta)
+		for (w = 0; w < ACC_PAGE / 64; w++)
+		{
+			uint64		bits = d->member[w];
+
+			while (bits != 0)
 			{
-				h->hit[h->n].cid = pages[i]->pageno * ACC_PAGE + o;
-				h->hit[h->n].score = d->score[o];
-				h->n++;
+				int			o = w * 64 + pg_rightmost_one_pos64(bits);
+
+				bits &= bits - 1;
+				if (d->score[o] + bound >= theta)
+				{
+					h->hit[h->n].cid = pages[i]->pageno * ACC_PAGE + o;
+					h->hit[h->n].score = d->score[o];
+					h->n++;
+				}
 			}
+		}
 	}
 	pfree(pages);
 }
