@@ -191,6 +191,18 @@ select coalesce(current_setting('agentdb.lexical_path', true), '') <> 'sql'
                      where x.proname = fn and x.pronamespace = to_regnamespace('agentdb_accel')), false)
 $$;
 
+-- The insert of blocks the accelerator cut (ext/: tsv_blocks for a write, merged_blocks for a merge) into
+-- source $1's posting_blocks: `from_list` names them as alias b, `cond` ('' for none) the condition on them; it
+-- returns what agentdb_internal.block_sql's blocks return (term, first_chunk, last_chunk, max_tf, min_dl, n).
+create or replace function agentdb_internal.cut_blocks_insert_sql(from_list text, cond text) returns text
+language sql immutable as $$
+select format($q$
+        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
+        select $1, b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls
+        from %s %s
+        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n $q$, from_list, cond)
+$$;
+
 -- agentdb.lexical_add_sql's statement for the block layout on the accelerator's write path: the rows' ids and
 -- tsvectors are gathered into two arrays, agentdb_accel.tsv_blocks cuts their blocks (each term's postings in
 -- chunk order, 128 a block, with their bounds) and tsv_total_len sums their lengths; the blocks are inserted
@@ -205,15 +217,12 @@ select format($q$
         select array_agg(n.agentdb_chunk_id) as ids, array_agg(n.agentdb_tsv) as tsvs from %1$s n
     ), lengths as (
         select agentdb_accel.tsv_total_len(r.tsvs) as dl from batch r
-    ), blocks as (
-        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
-        select $1, b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls
-        from batch r cross join lateral agentdb_accel.tsv_blocks(r.ids, r.tsvs) b
-        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
+    ), blocks as (%3$s
     ), term_delta as (
         select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
         from blocks group by term
-    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel))
+    ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel),
+    agentdb_internal.cut_blocks_insert_sql('batch r cross join lateral agentdb_accel.tsv_blocks(r.ids, r.tsvs) b', ''))
 $$;
 
 -- The statement a lexical trigger runs to add the rows of `rel` (a transition table) to a source of layout
@@ -617,14 +626,9 @@ begin
         where s.source_id = $1 and s.term = n.term $q$, range_sql,
         -- the SQL cut reads the deleted blocks' arrays; merged_blocks reads the blocks itself
         case when accel then 'b.term' else 'b.term, b.first_chunk, b.offs, b.tfs, b.dls' end,
-        case when accel then $c$
-        blocks as (
-            insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
-            select $1, m.term, m.first_chunk, m.last_chunk, m.max_tf, m.min_dl, m.offs, m.tfs, m.dls
-            from agentdb_accel.merged_blocks($1, (select array_agg(t.term order by t.term) from terms t)) m
-            where (select count(*) from hit) > 0
-            returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
-        ) $c$
+        case when accel then format('blocks as (%s) ', agentdb_internal.cut_blocks_insert_sql(
+            'agentdb_accel.merged_blocks($1, (select array_agg(t.term order by t.term) from terms t)) b',
+            'where (select count(*) from hit) > 0'))
         else $c$
         kept as (
             select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
