@@ -387,6 +387,16 @@ def read_scope(conn: psycopg.Connection[Any], principal: Principal | None) -> Ab
     return principal_scope(conn, principal) if principal is not None else nullcontext(conn)
 
 
+def writes_under_role(principal: Principal | None, source: Source) -> bool:
+    """Whether a principal's writes to the rows of `source` run under its role (principal_scope), whose grants
+    and row security then hold them as they hold its reads. Not for a distributed source (on a Citus
+    coordinator): its writer does the lexical triggers' work as the application (agentdb.sources.write_lexical),
+    and Citus lets one transaction modify a node's placements of co-located or reference tables as one role
+    only (the second is refused: "modified in this transaction by a different user"). There the rows are
+    written as the application too, inside the limits the writer checked under the principal's name first."""
+    return principal is not None and not source.distributed
+
+
 __all__ = [
     "TOOLS",
     "Principal",
@@ -402,4 +412,5 @@ __all__ = [
     "principal_scope",
     "read_scope",
     "visible_source",
+    "writes_under_role",
 ]

@@ -68,6 +68,14 @@ language sql immutable as $$
 select format('principal_params_%s', principal_id)
 $$;
 
+-- The name of principal `principal_id`'s row function for distributed source `source_id`,
+-- agentdb.principal_row_<id>_<source>(doc_id, metadata): whether a row passes its row filter there (the body
+-- agentdb.principal_policy_sql gives for such a source; principal_grant makes it).
+create or replace function agentdb.principal_row_function(principal_id int, source_id int) returns text
+language sql immutable as $$
+select format('principal_row_%s_%s', principal_id, source_id)
+$$;
+
 -- The row filter of a principal as a policy expression on `src`'s table: agentdb_internal.compile_filter's
 -- predicate over the alias `c`, evaluated on a one-row subquery aliased `c` that takes the columns the
 -- compiler may read from the policy's own row, and whose values come from the principal's params
@@ -481,7 +489,7 @@ begin
         -- SubLink"): there the policy calls the principal's row function for the source, whose body is the
         -- policy's subquery over its arguments (Citus creates it on every node).
         if src.distributed and pol.expr not in ('true', 'false') then
-            row_fn := format('principal_row_%s_%s', principal_id, src.id);
+            row_fn := agentdb.principal_row_function(principal_id, src.id);
             execute format('create or replace function agentdb.%I(doc_id text, metadata jsonb) returns boolean'
                            ' language sql stable as %L', row_fn, 'select ' || pol.expr);
             execute format('revoke all on function agentdb.%I(text, jsonb) from public', row_fn);
@@ -519,7 +527,10 @@ begin
         execute format('create policy %I on %s as permissive for select to %I using (%s)', obj, rel, p.role, pol.expr);
         -- A writer (the `ingest` tool) inserts and deletes chunks of a document table under the same row
         -- filter, and writes only the metadata keys of its field grant (title and text only when granted).
-        if 'ingest' = any(p.tools) and src.kind = 'documents' then
+        -- Not a distributed source's: a principal's writes there run as the application, after the same
+        -- checks (agentdb.auth.writes_under_role), so its role needs no write privilege on it (and Citus
+        -- takes no subquery in a policy: "unexpected non-SELECT command in SubLink").
+        if 'ingest' = any(p.tools) and src.kind = 'documents' and not src.distributed then
             execute format('grant insert (%s), delete on %s to %I',
                            (select string_agg(format('%I', c), ', ') from unnest(array['doc_id', 'chunk', 'metadata', 'agentdb_embedding']
                                || array(select f from unnest(array['title', 'text']) f where p.fields is null or f = any(p.fields))) c),

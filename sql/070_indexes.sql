@@ -232,6 +232,10 @@ begin
     if pred = 'true' then
         return rel;
     end if;
+    if src.distributed and pred <> 'false' then
+        -- The predicate is the body of the principal's row function there (its row as $1 and $2): call it.
+        pred := format('agentdb.%I(%s.doc_id, %s.metadata)', agentdb.principal_row_function(p.id, src.id), rel, rel);
+    end if;
     -- The table keeps its name inside (no alias): the predicate refers to its columns as schema.table.column.
     return format('(select * from %s where %s)', rel, pred);
 end;

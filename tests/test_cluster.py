@@ -38,7 +38,7 @@ from agentdb.db.distribute import CATALOG, SHARD_COUNT
 from agentdb.db.migrate import require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
-from agentdb.errors import DatabaseSetupError, InvalidParamValue
+from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.filters import UNFILTERED, ReadScope
 from agentdb.indexes import add_edges, check_indexes, create_index, neighbors, roots
 from agentdb.memory import (
@@ -593,6 +593,105 @@ def test_a_restricted_principal_reads_as_on_one_node(
             )
 
 
+def _principal_writes(url: str, embedder: Any) -> list[Any]:
+    """On `url`: 12 documents of teams a and b and an explicit graph index, written by the application; then a
+    principal with the `ingest` tool, row filter team = a and a field grant writes through the API (adds,
+    replaces and deletes documents, adds edges, inside and outside its limits) and reads. Every status code,
+    the rows, the lexical check and statistics, the principal's index listing and retrieval, as data."""
+    from agentdb.ingest.pipeline import ingest
+    from agentdb.ingest.readers import Located
+
+    docs = [
+        {
+            "id": f"d{i}",
+            "title": f"doc {i}",
+            "text": f"alpha beta {'gamma' if i % 3 else 'delta'} {i}",
+            "team": "a" if i % 2 else "b",
+        }
+        for i in range(12)
+    ]
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        ingest(
+            conn, "writable", [Located("docs", i, d) for i, d in enumerate(docs)], embedder, progress=False
+        )
+        create_index(conn, "writable", "links", kind="graph")
+        _, key = create_principal(
+            conn,
+            "writer",
+            tables=["writable"],
+            row_filter={"team": "a"},
+            fields=["title", "text", "team"],
+            tools=["search", "ingest"],
+        )
+    headers = {"Authorization": f"Bearer {key}"}
+    answers: list[Any] = []
+    try:
+        with TestClient(
+            create_app(Settings(database_url=url, embed_interval_s=0)), base_url="http://127.0.0.1"
+        ) as client:
+            for body in (
+                [{"id": "n1", "text": "gamma epsilon", "team": "a"}],  # new, inside
+                [{"id": "d1", "text": "zeta gamma replaced", "team": "a"}],  # replaces one of its own
+                [{"id": "n2", "text": "gamma epsilon", "team": "b"}],  # outside its row filter
+                [{"id": "n3", "text": "gamma", "team": "a", "secret": 1}],  # outside its field grant
+                [{"id": "d2", "text": "taken over", "team": "a"}],  # replaces a document it cannot read
+            ):
+                response = client.post("/sources/writable/documents", json=body, headers=headers)
+                answers.append((response.status_code, response.json()))
+            for doc_id in ("d3", "d2", "missing"):  # its own, another team's, none
+                response = client.delete(f"/sources/writable/documents/{doc_id}", headers=headers)
+                answers.append((response.status_code, response.text))
+            for edge in ({"from": "d1", "to": "d5"}, {"from": "d1", "to": "d4"}):  # inside; to another team's
+                response = client.post("/sources/writable/indexes/links/edges", json=[edge], headers=headers)
+                answers.append((response.status_code, response.json()))
+            listing = client.get("/sources/writable/indexes", headers=headers).json()
+            answers.append([{k: v for k, v in index.items() if k != "created_at"} for index in listing])
+            response = client.post(
+                "/agents/retrieval",
+                json={
+                    "query": "gamma",
+                    "queries": [{"table": "writable", "full_text_search": "gamma", "limit": 20}],
+                },
+                headers=headers,
+            )
+            assert response.status_code == 200, response.text
+            answers.append([(h["_id"], h["_source"], round(h["_score"], 9)) for h in response.json()["hits"]])
+        with psycopg.connect(url, autocommit=True) as conn:
+            answers.append(
+                conn.execute(
+                    "select doc_id, chunk, text, metadata from agentdb_docs.writable order by doc_id, chunk"
+                ).fetchall()
+            )
+            answers.append(conn.execute("select * from agentdb.lexical_check('writable')").fetchall())
+            source_id = conn.execute("select id from agentdb.sources where name = 'writable'").fetchone()
+            answers.append(
+                conn.execute(
+                    "select term, df from agentdb.term_stats where source_id = %s order by term", source_id
+                ).fetchall()
+            )
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            delete_principal(conn, "writer")
+    return answers
+
+
+def test_a_principal_writes_a_distributed_source_as_on_one_node(
+    citus_cluster: Path, db_url: str, embedder: Any
+) -> None:
+    """A principal with the `ingest` tool, a row filter and a field grant writes a distributed source through
+    the API: on the coordinator its writes run as the application after the same checks (auth.writes_under_role;
+    Citus lets a transaction modify co-located placements as one role only), on one node under its role. Every
+    answer (status codes and errors, the rows after, the lexical check and term statistics, its index listing
+    and retrieval) equals one node's."""
+    cluster = _principal_writes(_coordinator_url(citus_cluster), embedder)
+    one_node = _principal_writes(db_url, embedder)
+    assert [a[0] for a in cluster[:10]] == [200, 200, 403, 403, 403, 204, 404, 404, 200, 403]
+    assert all(mismatches == 0 for _, mismatches in cluster[-2])  # lexical_check
+    assert cluster[11]  # retrieval found something
+    _close(cluster, one_node)
+
+
 def _fake_tarball(folder: Path, version: str, make_fails: bool = False) -> Path:
     """A source tarball with Citus's layout whose configure, build and install are tiny: each configure run
     is counted in `runs` beside it, and the install stages one library."""
@@ -772,14 +871,55 @@ def _memory_answers(url: str, embedder: Any) -> list[Any]:
     return answers
 
 
+def _principal_memory_answers(url: str, embedder: Any) -> list[Any]:
+    """A principal's own store "mine": its records written (made on the first write) and one deleted under
+    its role, a recall, the store's lexical check and term statistics; another principal's recall of "mine";
+    then the store dropped and both principals deleted, leaving no store."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        owner, _ = create_principal(conn, "remembers", tables=[], tools=["memory"])
+        other, _ = create_principal(conn, "forgets", tables=[], tools=["memory"])
+        try:
+            spec = StoreSpec(fields=[FieldSpec(name="topic", type="string")], single_valued=["LIVES_IN"])
+            report = write_records(conn, "mine", _memories(), embedder=embedder, spec=spec, principal=owner)
+            delete_record(conn, "mine", "coffee", principal=owner)
+            answers: list[Any] = [report.model_dump()]
+            for query in ("where does Alex live?", "what am I allergic to?"):
+                result = recall(
+                    conn, "mine", query, principal=owner, embedder=embedder, as_of=MEMORY_AS_OF, touch=False
+                )
+                answers.append(result.model_dump())
+            assert answers[1]["candidates"]
+            store = get_store(conn, "mine", principal=owner)
+            checked = conn.execute("select * from agentdb.lexical_check(%s)", (store.source.name,)).fetchall()
+            assert all(mismatches == 0 for _, mismatches in checked)
+            answers.append(checked)
+            answers.append(
+                conn.execute(
+                    "select term, df from agentdb.term_stats where source_id = %s order by term",
+                    (store.source.id,),
+                ).fetchall()
+            )
+            with pytest.raises(StorageFileNotFound):
+                recall(conn, "mine", "where does Alex live?", principal=other, embedder=embedder)
+            drop_store(conn, "mine", principal=owner)
+        finally:
+            delete_principal(conn, "remembers")
+            delete_principal(conn, "forgets")
+        assert conn.execute("select count(*) from agentdb.memory_stores").fetchone() == (0,)
+    return answers
+
+
 def test_memory_on_the_cluster_answers_as_one_node(citus_cluster: Path, db_url: str, embedder: Any) -> None:
     """A memory store on the coordinator: its four tables reference tables, its records' postings distributed
     with the other sources' (kept by the memory writer in the writing transaction); writes (records with
     entities and relations, a single-valued predicate superseding a record, relations alone, a deletion),
     recall (both rankings, with and without a query vector, a filter, two hops, history, a touch) and
-    search on its records give one node's answers, scores within 1e-9. Dropping it removes its tables on every
-    node and its postings. A principal's records are refused there with 3007, nothing made."""
+    search on its records give one node's answers, scores within 1e-9. So does a principal's own store, written
+    and recalled under its role (another principal finds no such store). Dropping them removes their tables on
+    every node and their postings."""
     coordinator = _coordinator_url(citus_cluster)
+    _close(_principal_memory_answers(coordinator, embedder), _principal_memory_answers(db_url, embedder))
     cluster, one_node = _memory_answers(coordinator, embedder), _memory_answers(db_url, embedder)
     assert cluster[2]["candidates"] and cluster[-4] and all(cluster[-3:])  # found something; term statistics
     assert all(mismatches == 0 for _, mismatches in cluster[-5])  # lexical_check
@@ -806,16 +946,6 @@ def test_memory_on_the_cluster_answers_as_one_node(citus_cluster: Path, db_url: 
         assert conn.execute(
             "select count(*) from agentdb.sources where id = %s", (store.source.id,)
         ).fetchone() == (0,)
-        # A principal's records are refused, before anything is made (Citus refuses a transaction that
-        # writes the records under its role and their postings as the application).
-        owner, _ = create_principal(conn, "remembers", tables=[], tools=["memory"])
-        try:
-            with pytest.raises(InvalidParamValue, match="principal's memory records") as refused:
-                write_records(conn, "mine", _memories()[:1], embedder=embedder, principal=owner)
-            assert refused.value.path == "store"
-            assert conn.execute("select count(*) from agentdb.memory_stores").fetchone() == (0,)
-        finally:
-            delete_principal(conn, "remembers")
     for url in _node_urls(citus_cluster):
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("set citus.override_table_visibility = off")  # a worker's shards too

@@ -16,7 +16,15 @@ from starlette.concurrency import run_in_threadpool
 
 from agentdb.api.access import principal, read_principal
 from agentdb.api.routing import DatabaseRoute, connection, read_connection
-from agentdb.auth import Principal, check_fields, check_table, check_tool, principal_scope, read_scope
+from agentdb.auth import (
+    Principal,
+    check_fields,
+    check_table,
+    check_tool,
+    principal_scope,
+    read_scope,
+    writes_under_role,
+)
 from agentdb.embed import load_embedder
 from agentdb.errors import Forbidden, InvalidParamValue, StorageFileNotFound, StorageKindMismatch
 from agentdb.filters import ReadScope, compile_filter
@@ -165,6 +173,8 @@ async def add_documents(
     (docs/scale-out.md: a coordinator distributes the source by it); for an existing one it must be its own."""
     _writer(caller, name)
     records = await run_in_threadpool(_records, await request.body(), request.headers.get("content-type", ""))
+    # The database enforces the same limits where a principal's batches can be written under its role.
+    as_role = caller is not None and writes_under_role(caller, get_source(conn, name))
     write = partial(
         ingest,
         conn,
@@ -176,8 +186,7 @@ async def add_documents(
         progress=False,
         create=caller is None,
         check=None if caller is None else writes_allowed(conn, caller),
-        # the database enforces the same limits: a principal's batches are written under its role
-        write_scope=None if caller is None else partial(principal_scope, conn, caller),
+        write_scope=partial(principal_scope, conn, caller) if as_role and caller is not None else None,
         tenant_field=tenant_field,
     )
     report = await run_in_threadpool(_write_creating, conn, name, write, caller is None)
@@ -238,12 +247,22 @@ def delete_document(
         raise StorageKindMismatch(
             f"source {name!r} is a registered table: remove its rows in the table itself", path="source"
         )
-    # A principal deletes under its role, whose row security (its delete policy) admits only the documents
-    # it can read; any other answers 404 as if absent.
-    with conn.transaction(), read_scope(conn, caller):
+    # A principal deletes only the documents inside its row filter; any other answers 404 as if absent. Under
+    # its role its delete policy holds it to them; as the application (auth.writes_under_role) the delete
+    # carries its row filter.
+    as_role = writes_under_role(caller, source)
+    inside, params = (
+        _row_filter_sql(conn, source, caller)
+        if caller is not None and not as_role
+        else (sql.SQL("true"), None)
+    )
+    with conn.transaction(), read_scope(conn, caller if as_role else None):
         write_lexical(conn, source, "remove", [doc_id])
         gone = conn.execute(
-            sql.SQL("delete from {} where doc_id = %s returning doc_id").format(source.table), (doc_id,)
+            sql.SQL(
+                "delete from {} c where c.doc_id = %(id)s and coalesce(({}), false) returning c.doc_id"
+            ).format(source.table, inside),
+            {"id": doc_id, "row_params": params},
         ).fetchall()
-    if not gone:
-        raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")
+        if not gone:  # the postings of a document outside the filter come back with the rollback
+            raise StorageFileNotFound(f"source {name!r} has no document {doc_id!r}", path="id")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -19,10 +20,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
-from agentdb.auth import Principal, read_scope
+from agentdb.auth import Principal, read_scope, writes_under_role
 from agentdb.config import DEFAULT_MODEL
 from agentdb.db import run_sql
-from agentdb.db.distribute import on_citus
 from agentdb.embed import Embedder, check_vector
 from agentdb.errors import Conflict, InvalidParamValue, StorageContentError, StorageFileNotFound
 from agentdb.llm import Model
@@ -269,7 +269,6 @@ def write_records(
     Only when asked, a `model` scores the importance of records whose writer gave none (`score_importance`)
     and finds the entities and relations of each record (`extract_graph`), before anything is written."""
     allowed(principal)
-    _refuse_on_citus(conn, principal)
     name = resolve_store_name(store, variables)
     parsed = parse_items(RecordIn, records, "records")
     if not parsed:
@@ -308,7 +307,7 @@ def write_records(
                 coerce_metadata(target.fields, r.metadata, f"records[{i}].metadata")
                 for i, r in enumerate(parsed)
             ]
-        with read_scope(conn, principal):
+        with _write_scope(conn, principal, target):
             lock(conn, target)
             _check_ids_free(conn, target, ids)
             _insert_records(conn, target, ids, parsed, metadata, vectors, created_at, accessed)
@@ -332,8 +331,8 @@ def write_records(
                 _assert(conn, target, entity_ids, keys, rel, ids[i], valid_from, fact_vectors.get(_fact(rel)))
                 for valid_from, i, rel in asserted
             ]
-        # On a Citus coordinator the records' postings and statistics, as the application (who wrote the
-        # records there: _refuse_on_citus); elsewhere the records table's triggers did it.
+        # On a Citus coordinator the records' postings and statistics, as the application (_write_scope);
+        # elsewhere the records table's triggers did it.
         write_lexical(conn, target.source, "add", ids)
     log.info(
         "memory write: store=%s records=%d entities_created=%d relations=%d",
@@ -351,16 +350,13 @@ def write_records(
     )
 
 
-def _refuse_on_citus(conn: psycopg.Connection[Any], principal: Principal | None) -> None:
-    """3007 for a principal's record write or deletion on a Citus coordinator, before anything is written:
-    the records go in under the principal's role and their postings as the application, and Citus refuses
-    a transaction that touches a placement it modified as another role."""
-    if principal is not None and on_citus(conn):
-        raise InvalidParamValue(
-            "a principal's memory records cannot be written on a Citus coordinator yet",
-            path="store",
-            hint="write them with the application's access (no principal), or on a single-node database",
-        )
+def _write_scope(
+    conn: psycopg.Connection[Any], principal: Principal | None, store: Store
+) -> AbstractContextManager[Any]:
+    """Where the writes to `store`'s records run: under the principal's role, or as the application where
+    they cannot (auth.writes_under_role: on a Citus coordinator). The store is the principal's own either way:
+    it was found, or made for it, under its role, and the writes name only its tables."""
+    return read_scope(conn, principal if writes_under_role(principal, store.source) else None)
 
 
 def _check_unique_ids(parsed: Sequence[RecordIn]) -> None:
@@ -595,13 +591,12 @@ def delete_record(
     """Delete record `record_id` with its mentions and the relations it asserted (relations it had closed stay
     in history); its postings go in the same transaction. 3010 when there is no such record."""
     allowed(principal)
-    _refuse_on_citus(conn, principal)
     name = resolve_store_name(store, variables)
     target = get_store(conn, name, principal=principal)
     with conn.transaction():
         lock(conn, target)
         write_lexical(conn, target.source, "remove", [record_id])  # on a Citus coordinator (write_records)
-        with read_scope(conn, principal):
+        with _write_scope(conn, principal, target):
             gone = conn.execute(
                 sql.SQL("delete from {} where doc_id = %s returning doc_id").format(target.table("records")),
                 (record_id,),
