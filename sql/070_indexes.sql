@@ -364,10 +364,15 @@ begin
         if readable = rel then
             select count(*) into edges from agentdb.edges e where e.source_id = src.id and e.index_id = idx.id;
         else
+            -- Uncorrelated, as in agentdb_internal.index_edges.
             execute format($q$
+                with ends(key) as materialized (
+                    select distinct e.%3$I from agentdb.edges e where e.source_id = $1 and e.index_id = $2
+                ), owners(key) as materialized (
+                    select distinct %2$s from %1$s c where %2$s = any (array(select key from ends)) and (%4$s)
+                )
                 select count(*) from agentdb.edges e
-                where e.source_id = $1 and e.index_id = $2
-                  and exists (select 1 from %s c where %s = e.%I and (%s))
+                where e.source_id = $1 and e.index_id = $2 and e.%3$I in (select key from owners)
                 $q$, readable, r.key_expr, case when idx.kind = 'tree' then 'to_key' else 'from_key' end, r.node_expr)
             into edges using src.id, idx.id;
         end if;
@@ -489,19 +494,21 @@ begin
                where i.source_id = src.id and (index_check.index is null or i.name = index_check.index)
                order by i.name loop
         continue when readable is null or not agentdb.principal_field_granted(idx.field);
-        -- A principal's part of the stored edges: those its rows own.
-        owned := case when readable = tbl then 'true' else format('exists (select 1 from %s c where %s = e.%I and (%s))',
-                      readable, r.key_expr, case when idx.kind = 'tree' then 'to_key' else 'from_key' end, r.node_expr) end;
+        -- A principal's part of the stored edges: those its rows (`nodes`, below) own. Uncorrelated, as in
+        -- agentdb_internal.index_edges.
+        owned := case when readable = tbl then 'true'
+                      else format('e.%I in (select n.key from nodes n)', case when idx.kind = 'tree' then 'to_key' else 'from_key' end) end;
         missing := 0;
         extra := 0;
         if idx.field is not null then
             execute format($q$
-                with expected as (select x.from_key, %L::text as edge_type, x.to_key from (%s) x),
+                with nodes as materialized (select distinct %s as key from %s c where (%s)),
+                expected as (select x.from_key, %L::text as edge_type, x.to_key from (%s) x),
                 stored as (select e.from_key, e.edge_type, e.to_key from agentdb.edges e
                            where e.source_id = $1 and e.index_id = $2 and (%s))
                 select (select count(*) from (select * from expected except select * from stored) d),
                        (select count(*) from (select * from stored except select * from expected) d)
-                $q$, idx.edge_type, agentdb_internal.index_edges_sql(src, idx, readable), owned)
+                $q$, r.key_expr, readable, r.node_expr, idx.edge_type, agentdb_internal.index_edges_sql(src, idx, readable), owned)
             into missing, extra using src.id, idx.id;
         end if;
         execute format($q$
@@ -603,8 +610,10 @@ begin
     if g.readable is null then
         return;
     end if;
+    -- The keys the role may read are looked up among the edges' ends, uncorrelated: Citus plans no correlated
+    -- subquery beside agentdb.edges, a reference table, over a distributed source.
     return query execute format($q$
-    select x.k, x.t, max(x.w) from (
+    with x(k, t, w) as materialized (
         select e.to_key, e.edge_type, e.weight from agentdb.edges e
         where $4 in ('out', 'both') and e.source_id = $1 and e.index_id = $2
           and e.from_key = $3 and ($5 is null or e.edge_type = any ($5))
@@ -612,13 +621,16 @@ begin
         select e.from_key, e.edge_type, e.weight from agentdb.edges e
         where $4 in ('in', 'both') and e.source_id = $1 and e.index_id = $2
           and e.to_key = $3 and ($5 is null or e.edge_type = any ($5))
-    ) x(k, t, w)
+    )%s
+    select x.k, x.t, max(x.w) from x
     where %s
     group by x.k, x.t $q$,
+        case when g.whole_table then ''
+             else format(', readable(key) as materialized (select distinct %2$s from %1$s c'
+                         ' where %2$s = any (array(select x.k from x) || $3) and (%3$s))',
+                         g.readable, g.key_expr, g.node_expr) end,
         case when g.whole_table then 'true'
-             else format('exists (select 1 from %1$s c where %2$s = $3 and (%3$s))'
-                         ' and exists (select 1 from %1$s c where %2$s = x.k and (%3$s))',
-                         g.readable, g.key_expr, g.node_expr) end)
+             else '$3 in (select key from readable) and x.k in (select key from readable)' end)
     using source_id, g.index_id, key, direction, edge_types;
 end;
 $$;

@@ -29,7 +29,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agentdb.api import create_app
-from agentdb.auth import create_principal, delete_principal
+from agentdb.auth import create_principal, delete_principal, principal_scope
 from agentdb.cli import main
 from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
@@ -40,7 +40,7 @@ from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.filters import UNFILTERED, ReadScope
-from agentdb.indexes import add_edges, check_indexes, create_index, neighbors, roots
+from agentdb.indexes import add_edges, check_indexes, create_index, list_indexes, neighbors, roots
 from agentdb.memory import (
     StoreSpec,
     delete_record,
@@ -1096,7 +1096,9 @@ def test_graph_navigation_on_a_distributed_source_answers_as_one_node(
 ) -> None:
     """Explicit edges of a graph index over a distributed source (kept in `agentdb.edges`, a reference table:
     a copy on every node, not co-located with the documents): neighbours out, in and both ways, by edge type
-    and under a metadata filter on the (distributed) documents, equal one node's."""
+    and under a metadata filter on the (distributed) documents, equal one node's. So do a principal's, whose
+    row filter admits one team: its neighbours, roots, index listing and check (each reading only its rows,
+    with no correlated subquery beside the reference table, which Citus cannot plan)."""
     corpus = tmp_path / "linked.jsonl"
     _random_corpus(corpus, seed=51, count=40)
     rng = random.Random(52)
@@ -1128,8 +1130,31 @@ def test_graph_navigation_on_a_distributed_source_answers_as_one_node(
                         found.append(
                             neighbors(conn, "linked", "links", key, direction=direction, max=20, **options)
                         )
+            reader, _ = create_principal(
+                conn, "team_t1", tables=["linked"], row_filter={"team": "t1"}, tools=["graph_search"]
+            )
+            try:
+                with principal_scope(conn, reader) as scoped:
+                    scope = ReadScope(row_filter=reader.row_filter)
+                    for key in ("d1", "d7", "d19", "d0"):  # d0 is another team's
+                        for direction in ("out", "in", "both"):
+                            found.append(
+                                neighbors(
+                                    scoped, "linked", "links", key, direction=direction, max=20, scope=scope
+                                )
+                            )
+                    found.append(roots(scoped, "linked", "links", scope=scope))
+                    found.append(
+                        [i.model_dump(exclude={"created_at"}) for i in list_indexes(scoped, "linked")]
+                    )
+                    found.append(check_indexes(scoped, "linked"))
+            finally:
+                delete_principal(conn, "team_t1")
             answers.append(found)
-    lists = answers[1][1:]
+    principals = answers[1][-15:]
+    assert sum(1 for rows in principals[:12] if rows) > 3 and principals[12]
+    assert all(int(k[1:]) % 3 == 1 for rows in principals[:12] for n in rows for k in [n.key])
+    lists = answers[1][1:-15]
     assert sum(1 for rows in lists if rows) > len(lists) // 2
     filtered = lists[2::3]  # team t1: documents d<i> with i % 3 == 1
     assert any(filtered) and all(int(n.key[1:]) % 3 == 1 for rows in filtered for n in rows)
