@@ -446,6 +446,15 @@ declare
     row_fn text;
 begin
     select * into p from agentdb.principals where id = principal_id;
+    -- A GRANT rewrites the table's pg_class row without locking the table, and a policy created on it later
+    -- in this transaction takes its ACCESS EXCLUSIVE lock. An autovacuum of the table running meanwhile ends
+    -- by updating that row in place, which waits for this transaction: a deadlock, in which PostgreSQL 18
+    -- aborts the grant (seen in CI: create policy on agentdb.postings). So each such table is locked before
+    -- its grant: an autovacuum holding it is then cancelled, as for any lock it blocks. (On a Citus
+    -- coordinator the postings are distributed, and its shell table holds no rows to vacuum.)
+    if not agentdb_internal.on_citus() then
+        lock table agentdb.postings in access exclusive mode;
+    end if;
     execute format('grant usage on schema agentdb, agentdb_docs, agentdb_internal to %I', p.role);
     execute format('grant execute on all functions in schema agentdb_internal to %I', p.role);
     -- agentdb.posting_blocks too, so that the readers of either layout (agentdb_internal.term_postings) run
@@ -497,6 +506,9 @@ begin
             pol.expr := format('agentdb.%I(doc_id, metadata)', row_fn);
         end if;
         insert into agentdb.principal_grants (principal_id, source_id, params) values (principal_id, src.id, pol.params);
+        if not src.distributed then  -- before its grant (above)
+            execute format('lock table %s in access exclusive mode', rel);
+        end if;
         execute format('grant usage on schema %I to %I', src.table_schema, p.role);
         execute format('grant select (%s) on %s to %I',
                        (select string_agg(format('%I', c), ', ') from unnest(agentdb.principal_columns(src, p.fields)) c),
