@@ -537,7 +537,7 @@ def test_a_restricted_principal_reads_as_on_one_node(
     corpus = tmp_path / "guarded.jsonl"
     vectors = _random_corpus(corpus, seed=21, count=60)
     coordinator = _coordinator_url(citus_cluster)
-    roles, keys = {}, {}
+    roles, keys, in_roles = {}, {}, {}
     for url in (coordinator, db_url):
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["ingest", "guarded", str(corpus)]) == 0
@@ -547,6 +547,13 @@ def test_a_restricted_principal_reads_as_on_one_node(
                 conn, "guard", tables=["guarded"], row_filter={"team": "t1"}, fields=["title", "team"]
             )
             roles[url] = principal.role
+            in_roles[url] = create_principal(
+                conn,
+                "guard_in",
+                tables=["guarded"],
+                row_filter={"team": {"$in": ["t0", "t2"]}},
+                fields=["title", "team"],
+            )[0].role
     role = roles[coordinator]
     for worker in list_workers(citus_cluster):
         with psycopg.connect(worker.url(), autocommit=True) as conn:
@@ -556,7 +563,7 @@ def test_a_restricted_principal_reads_as_on_one_node(
             # The policy is on every shard of the source this worker holds (hidden from pg_class unless asked).
             conn.execute("set citus.override_table_visibility = off")
             policies = conn.execute(
-                "select count(*), count(*) filter (where %s::regrole = any (p.polroles))"
+                "select count(distinct c.oid), count(*) filter (where %s::regrole = any (p.polroles))"
                 " from pg_policy p join pg_class c on c.oid = p.polrelid where c.relname ~ '^guarded_[0-9]+$'",
                 (role,),
             ).fetchone()
@@ -570,6 +577,11 @@ def test_a_restricted_principal_reads_as_on_one_node(
     one_node = _answers(db_url, queries, source="guarded", role=roles[db_url])
     _same_hits(cluster, one_node)
     assert all(r[7] == {"team": "t1"} and r[6] is None for rows in cluster for r in rows)
+    # A row filter of several values ($in) is compiled into the principal's row function as one node's is.
+    cluster = _answers(coordinator, queries, source="guarded", role=in_roles[coordinator])
+    one_node = _answers(db_url, queries, source="guarded", role=in_roles[db_url])
+    _same_hits(cluster, one_node)
+    assert any(cluster) and all(r[7]["team"] in ("t0", "t2") for rows in cluster for r in rows)
     request = {
         "query": "alpha beta",
         "queries": [{"table": "guarded", "full_text_search": "alpha beta gamma", "limit": 20}],
@@ -586,11 +598,12 @@ def test_a_restricted_principal_reads_as_on_one_node(
     # Deleting it removes its role, policies and functions from every node.
     with psycopg.connect(coordinator, autocommit=True) as conn:
         delete_principal(conn, "guard")
+        delete_principal(conn, "guard_in")
     for url in _node_urls(citus_cluster):
         with psycopg.connect(url, autocommit=True) as conn:
-            assert conn.execute("select count(*) from pg_roles where rolname = %s", (role,)).fetchone() == (
-                0,
-            )
+            assert conn.execute(
+                "select count(*) from pg_roles where rolname in (%s, %s)", (role, in_roles[coordinator])
+            ).fetchone() == (0,)
 
 
 def _principal_writes(url: str, embedder: Any) -> list[Any]:
