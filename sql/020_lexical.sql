@@ -227,12 +227,12 @@ $$;
 
 -- The statement a lexical trigger runs to add the rows of `rel` (a transition table) to a source of layout
 -- `layout`, whose delta it returns: the accelerator's (agentdb_internal.lexical_add_accel_sql) when the
--- source is in the block layout, the session takes that path and the rows' tsvectors are stored in less than
--- 128 MB (`tsv_bytes`, their pg_column_size; gathered, even compressed eightfold, they stay below the 1 GB
--- of one value); else agentdb.lexical_add_sql's.
+-- source is in the block layout, the session takes that path and the rows' tsvectors, gathered into one
+-- array, stay below the 1 GB of one value (`tsv_bytes`, agentdb_internal.tsv_bytes_sql's bound); else
+-- agentdb.lexical_add_sql's.
 create or replace function agentdb_internal.lexical_add_stmt(rel text, layout text, tsv_bytes bigint) returns text
 language sql stable as $$
-select case when layout = 'blocks' and tsv_bytes < 134217728 and agentdb_internal.lexical_write_accel()
+select case when layout = 'blocks' and tsv_bytes < 1073741824 and agentdb_internal.lexical_write_accel()
             then agentdb_internal.lexical_add_accel_sql(rel)
             else agentdb.lexical_add_sql(rel, layout) end
 $$;
@@ -266,15 +266,66 @@ language sql volatile as $$
 select s.lexical_layout from agentdb.sources s where s.id = $1 for key share
 $$;
 
+-- The rows of `rel` (a transition table of source `source_id`, or a subquery of its rows with the table's
+-- columns) as the lexical statements read them: agentdb_chunk_id and agentdb_tsv. A source whose agentdb_tsv is a stored generated column (a source
+-- made before PostgreSQL 18 or distributed by Citus, a registered table, a memory store) has it in the
+-- transition table. A virtual one (agentdb/sources/ddl.py: PostgreSQL 18 keeps it off disk and computes it on
+-- read) reads as null in a transition table, so the column's own expression is computed over the rows here,
+-- once for each statement that reads them: the same lexemes as a read of the table gives.
+create or replace function agentdb_internal.lexeme_rows(source_id int, rel text) returns text
+language sql stable as $$
+select coalesce(
+    (select format('(select r.agentdb_chunk_id, %s as agentdb_tsv from %s r)', pg_get_expr(d.adbin, d.adrelid), rel)
+     from agentdb.sources s
+     join pg_catalog.pg_attribute a on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass
+                                   and a.attname = 'agentdb_tsv'
+     join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+     where s.id = lexeme_rows.source_id and a.attgenerated = 'v'),
+    rel)
+$$;
+
+-- The condition under which an updated row of source `source_id` (`o` its old version, `n` its new one) has
+-- other lexemes: its stored agentdb_tsv differs; for a virtual one, a column its expression reads differs (the
+-- generation expression's dependencies), so that an update leaving the texts alone parses nothing.
+create or replace function agentdb_internal.lexemes_changed_sql(source_id int) returns text
+language sql stable as $$
+select coalesce(
+    (select string_agg(format('o.%1$I is distinct from n.%1$I', c.attname), ' or ' order by c.attnum)
+     from agentdb.sources s
+     join pg_catalog.pg_attribute a on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass
+                                   and a.attname = 'agentdb_tsv'
+     join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+     join pg_catalog.pg_depend p on p.classid = 'pg_catalog.pg_attrdef'::regclass and p.objid = d.oid
+                                and p.refobjid = a.attrelid and p.refobjsubid > 0 and p.refobjsubid <> a.attnum
+     join pg_catalog.pg_attribute c on c.attrelid = a.attrelid and c.attnum = p.refobjsubid
+     where s.id = lexemes_changed_sql.source_id and a.attgenerated = 'v'),
+    'o.agentdb_tsv is distinct from n.agentdb_tsv')
+$$;
+
+-- The statement that bounds the bytes of the tsvectors an addition gathers from transition table
+-- `transition`, read through `lexemes` (agentdb_internal.lexeme_rows'), for agentdb_internal.lexical_add_stmt:
+-- stored, eight times their pg_column_size (a stored tsvector is compressed at most about eightfold);
+-- computed (virtual: a document source's, over its title and text), four times the text's bytes (a lexeme
+-- costs its bytes, a 4-byte entry and 2 bytes a position: under three times its word's bytes with the space
+-- after it), without parsing the rows twice.
+create or replace function agentdb_internal.tsv_bytes_sql(lexemes text, transition text) returns text
+language sql immutable as $$
+select case when lexemes = transition
+            then format('select 8 * coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) from %s n', transition)
+            else format('select 4 * coalesce(sum(octet_length(n.title) + octet_length(n.text)), 0) from %s n',
+                        transition) end
+$$;
+
 create or replace function agentdb.lexical_after_insert() returns trigger
 language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     delta agentdb_internal.lexical_delta;
     tsv_bytes bigint;
+    rel text := agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'new_rows');
 begin
-    select coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) into tsv_bytes from new_rows n;
-    execute agentdb_internal.lexical_add_stmt('new_rows', agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int),
+    execute agentdb_internal.tsv_bytes_sql(rel, 'new_rows') into tsv_bytes;
+    execute agentdb_internal.lexical_add_stmt(rel, agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int),
                                               tsv_bytes)
         into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
@@ -343,7 +394,7 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql('old_rows',
+    foreach stmt in array agentdb.lexical_remove_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'old_rows'),
                                                      agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int)) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
@@ -361,18 +412,19 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     layout text := agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int);
+    changed text := agentdb_internal.lexemes_changed_sql(TG_ARGV[0]::int);
     delta agentdb_internal.lexical_delta;
     tsv_bytes bigint;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql(
-        '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout) loop
+    foreach stmt in array agentdb.lexical_remove_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, format(
+        '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id) where %s)', changed)), layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
-    select coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) into tsv_bytes from new_rows n;
-    execute agentdb_internal.lexical_add_stmt(
-        '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id)'
-        ' where o.agentdb_tsv is distinct from n.agentdb_tsv)', layout, tsv_bytes) into delta using TG_ARGV[0]::int;
+    execute agentdb_internal.tsv_bytes_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'new_rows'), 'new_rows')
+        into tsv_bytes;
+    execute agentdb_internal.lexical_add_stmt(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, format(
+        '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id) where %s)', changed)),
+        layout, tsv_bytes) into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'update') loop
         execute stmt using TG_ARGV[0]::int;

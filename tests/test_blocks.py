@@ -196,7 +196,7 @@ def _hits(result: Any) -> list[tuple[str, int, float]]:
 
 
 def _random_write(conn: psycopg.Connection[Any], rng: random.Random, data: st.DataObject) -> str:
-    """Apply one random write to both twins (a bulk insert, an update of text, a delete) or none; returns the
+    """Apply one random write to both twins (a bulk insert, an update, a delete) or none; returns the
     operation drawn, "optimize" included, which the caller carries out with its own checks."""
     op = data.draw(st.sampled_from(["insert", "update", "delete", "optimize", "none"]), label="op")
     if op == "insert":
@@ -204,9 +204,18 @@ def _random_write(conn: psycopg.Connection[Any], rng: random.Random, data: st.Da
     elif op == "update":
         words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
         mod = data.draw(st.integers(2, 9), label="mod")
-        _both(
-            conn, "update {table} set text = text || ' ' || %s where agentdb_chunk_id %% %s = 0", (words, mod)
+        # Of the text, of the title, or of neither (a virtual agentdb_tsv's inputs unchanged: nothing to redo).
+        statement = data.draw(
+            st.sampled_from(
+                [
+                    "update {table} set text = text || ' ' || %s where agentdb_chunk_id %% %s = 0",
+                    "update {table} set title = %s where agentdb_chunk_id %% %s = 0",
+                    "update {table} set metadata = jsonb_build_object('u', %s::text) where agentdb_chunk_id %% %s = 0",
+                ]
+            ),
+            label="update",
         )
+        _both(conn, statement, (words, mod))
     elif op == "delete":
         mod = data.draw(st.integers(3, 11), label="mod")
         _both(conn, "delete from {table} where agentdb_chunk_id %% %s = 1", (mod,))

@@ -3,7 +3,11 @@ for a distributed source, the writers' lexical work), and what dropping a source
 
 Every source table carries three columns agentdb owns: `agentdb_chunk_id` (a stable chunk key),
 `agentdb_embedding` (the dense vector) and `agentdb_tsv` (lexemes, generated from the text columns).
-Statement-level triggers keep the BM25 postings and statistics equal to the rows."""
+Statement-level triggers keep the BM25 postings and statistics equal to the rows.
+
+A document table on PostgreSQL 18 or newer computes `agentdb_tsv` when read (a virtual generated column): the
+postings hold what the lexical leg reads, so the lexemes need no copy on disk (at a million chunks the stored
+column was 1.14 times the text). A distributed table keeps it stored, as does a table on an older server."""
 
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ def create_document_source(
             if routed_by_tenant(source)
             else sql.SQL("")
         )
+        computed_on_read = not source.distributed and conn.info.server_version >= 180000
         conn.execute(
             sql.SQL(
                 "create table {table} ("
@@ -115,10 +120,14 @@ def create_document_source(
                 " metadata jsonb not null default '{{}}',{tenant}"
                 " agentdb_embedding vector({dim}),"
                 " agentdb_tsv tsvector generated always as"
-                "  (to_tsvector({cfg}::regconfig, title || ' ' || text)) stored,"
+                "  (to_tsvector({cfg}::regconfig, title || ' ' || text)) {kind},"
                 " unique (doc_id, chunk))"
             ).format(
-                table=source.table, dim=sql.Literal(embedding_dim), cfg=sql.Literal(ts_config), tenant=tenant
+                table=source.table,
+                dim=sql.Literal(embedding_dim),
+                cfg=sql.Literal(ts_config),
+                tenant=tenant,
+                kind=sql.SQL("virtual" if computed_on_read else "stored"),
             )
         )
         store_rows_inline(conn, source)
