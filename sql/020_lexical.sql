@@ -163,15 +163,16 @@ select case when layout = 'rows' then format($q$
         from ins group by term
     ) %2$s $q$, rel, agentdb_internal.lexical_delta_sql(rel), coalesce('n.' || quote_ident(doc_key), 'null::text'))
     else format($q$
-    -- each chunk's length once, for its postings and for the total (a second pass over the tsvectors for the
-    -- total would read every tsvector again)
-    with lengths as (
-        select n.agentdb_chunk_id as chunk_id,
-               (select sum(coalesce(cardinality(x.positions), 1)) from unnest(n.agentdb_tsv) x)::int as dl
-        from %1$s n
+    -- the rows' tsvectors read once (a virtual agentdb_tsv is parsed where it is read: agentdb_internal.lexeme_rows),
+    -- each chunk's length once, for its postings and for the total
+    with batch as materialized (
+        select n.agentdb_chunk_id as chunk_id, n.agentdb_tsv as tsv from %1$s n
+    ), lengths as (
+        select r.chunk_id, (select sum(coalesce(cardinality(x.positions), 1)) from unnest(r.tsv) x)::int as dl
+        from batch r
     ), postings as (
-        select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl
-        from %1$s n join lengths l on l.chunk_id = n.agentdb_chunk_id cross join lateral unnest(n.agentdb_tsv) as t
+        select r.chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl
+        from batch r join lengths l using (chunk_id) cross join lateral unnest(r.tsv) as t
     ), %2$s, term_delta as (
         select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
         from blocks group by term
