@@ -337,39 +337,46 @@ begin
 end;
 $$;
 
+-- The CTE of agentdb.lexical_remove_sql's postings statement that takes the removed postings' tfs (CTE `gone`'s
+-- column tf) off source $1's total length.
+create or replace function agentdb_internal.removed_length_sql(gone text) returns text
+language sql immutable as $$
+select format($q$removed_length as (
+        update agentdb.corpus_stats c set total_len = c.total_len - (select coalesce(sum(g.tf), 0) from %s g)
+        where c.source_id = $1
+    )$q$, gone)
+$$;
+
 -- The statements that remove the postings and statistics of the rows of relation `rel` from a source of
 -- layout `layout`; $1 is the source id. Blocks that held a removed chunk are rewritten without it (their
 -- bounds recomputed; an emptied block goes); the term bounds stay (still valid, maybe loose). With `doc_key`
 -- (as in agentdb.lexical_add_sql) a posting is matched by its document too: on a distributed source that is
--- the join of co-located shards.
+-- the join of co-located shards. The rows' tsvectors are read once (a virtual agentdb_tsv is parsed where it
+-- is read: agentdb_internal.lexeme_rows): the first statement counts the rows, which reads none, and takes the
+-- corpus_stats row, the source's write lock, before any other; the second takes the rows' lengths off as the
+-- sum of the removed postings' tfs (a chunk's length is the sum of its terms' frequencies).
 create or replace function agentdb.lexical_remove_sql(rel text, layout text, doc_key text default null)
 returns text[]
 language sql immutable as $$
 select array[
     format($q$
-    update agentdb.corpus_stats c
-    set n_chunks = c.n_chunks - o.n, total_len = c.total_len - o.len
-    from (
-        select count(*) as n,
-               coalesce(sum((select sum(coalesce(cardinality(t.positions), 1)) from unnest(r.agentdb_tsv) t)), 0) as len
-        from %s r
-    ) o
-    where c.source_id = $1
+    update agentdb.corpus_stats c set n_chunks = c.n_chunks - (select count(*) from %s r) where c.source_id = $1
     $q$, rel),
     case when layout = 'rows' then format($q$
     with gone as (
         delete from agentdb.postings p
-        using %s o cross join lateral unnest(o.agentdb_tsv) as t
-        where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id%s
-        returning p.term
-    )
+        using %1$s o cross join lateral unnest(o.agentdb_tsv) as t
+        where p.source_id = $1 and p.term = t.lexeme and p.chunk_id = o.agentdb_chunk_id%2$s
+        returning p.term, p.tf
+    ), %3$s
     update agentdb.term_stats s set df = s.df - g.n
     from (select term, count(*) as n from gone group by term order by term) g
     where s.source_id = $1 and s.term = g.term
-    $q$, rel, ' and p.doc_id = o.' || quote_ident(doc_key))
+    $q$, rel, ' and p.doc_id = o.' || quote_ident(doc_key), agentdb_internal.removed_length_sql('gone'))
     else format($q$
     with gone as materialized (
-        select o.agentdb_chunk_id as chunk_id, t.lexeme as term from %s o cross join lateral unnest(o.agentdb_tsv) as t
+        select o.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf
+        from %s o cross join lateral unnest(o.agentdb_tsv) as t
     ), ranges as (
         select term, min(chunk_id) as lo, max(chunk_id) as hi, count(*) as n from gone group by term
     ), hit as (
@@ -381,11 +388,12 @@ select array[
         from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
               from hit h) u
         where not exists (select 1 from gone g where g.term = u.term and g.chunk_id = u.first_chunk + u.off)
-    ), %s
+    ), %s, %s
     update agentdb.term_stats s set df = s.df - r.n
     from (select term, n from ranges order by term) r
     where s.source_id = $1 and s.term = r.term
-    $q$, rel, agentdb_internal.block_sql('kept', 'e.old_first', false)) end,
+    $q$, rel, agentdb_internal.removed_length_sql('gone'), agentdb_internal.block_sql('kept', 'e.old_first', false))
+    end,
     'delete from agentdb.term_stats where source_id = $1 and df <= 0'
 ];
 $$;
