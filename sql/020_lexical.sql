@@ -613,10 +613,10 @@ begin
             + (select count(*) from block_contents b join agentdb.term_stats ts on ts.source_id = $1 and ts.term = b.term
                where b.max_tf < b.top_tf or b.min_dl > b.low_dl or b.last_chunk - b.first_chunk > ts.max_span)
         union all
+        -- A chunk's length is the sum of its terms' frequencies: the rows are counted without reading their
+        -- tsvectors again (a virtual agentdb_tsv is parsed where it is read).
         select 'corpus_stats', count(*) from (
-            select count(*) as n, coalesce(sum(
-                (select sum(coalesce(cardinality(t.positions), 1)) from unnest(n.agentdb_tsv) t)), 0) as len
-            from %s n
+            select (select count(*) from %s n) as n, (select coalesce(sum(e.tf), 0) from expected e) as len
             except select n_chunks, total_len from agentdb.corpus_stats where source_id = $1) d
     $q$, rel, rel) using src.id, src.lexical_layout;
 end;
