@@ -267,51 +267,54 @@ language sql volatile as $$
 select s.lexical_layout from agentdb.sources s where s.id = $1 for key share
 $$;
 
--- The rows of `rel` (a transition table of source `source_id`, or a subquery of its rows with the table's
--- columns) as the lexical statements read them: agentdb_chunk_id and agentdb_tsv. A source whose agentdb_tsv is a stored generated column (a source
--- made before PostgreSQL 18 or distributed by Citus, a registered table, a memory store) has it in the
--- transition table. A virtual one (agentdb/sources/ddl.py: PostgreSQL 18 keeps it off disk and computes it on
--- read) reads as null in a transition table, so the column's own expression is computed over the rows here,
--- once for each statement that reads them: the same lexemes as a read of the table gives.
-create or replace function agentdb_internal.lexeme_rows(source_id int, rel text) returns text
+-- Source `source_id`'s agentdb_tsv when it is computed when read (a virtual column: agentdb/sources/ddl.py,
+-- PostgreSQL 18 keeps it off disk): its generation expression and the columns the expression reads (its
+-- dependencies); both null for a stored one. One catalog read for a lexical trigger's statements
+-- (agentdb_internal.lexeme_rows, agentdb_internal.lexemes_changed_sql).
+create or replace function agentdb_internal.lexemes_on_read(source_id int, out expr text, out inputs text[])
 language sql stable as $$
-select coalesce(
-    (select format('(select r.agentdb_chunk_id, %s as agentdb_tsv from %s r)', pg_get_expr(d.adbin, d.adrelid), rel)
-     from agentdb.sources s
-     join pg_catalog.pg_attribute a on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass
-                                   and a.attname = 'agentdb_tsv'
-     join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
-     where s.id = lexeme_rows.source_id and a.attgenerated = 'v'),
-    rel)
+select pg_get_expr(d.adbin, d.adrelid),
+       array(select c.attname from pg_catalog.pg_depend p
+             join pg_catalog.pg_attribute c on c.attrelid = a.attrelid and c.attnum = p.refobjsubid
+             where p.classid = 'pg_catalog.pg_attrdef'::regclass and p.objid = d.oid and p.refobjid = a.attrelid
+               and p.refobjsubid > 0 and p.refobjsubid <> a.attnum
+             order by c.attnum)
+from agentdb.sources s
+join pg_catalog.pg_attribute a on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass
+                              and a.attname = 'agentdb_tsv'
+join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+where s.id = lexemes_on_read.source_id and a.attgenerated = 'v'
 $$;
 
--- The condition under which an updated row of source `source_id` (`o` its old version, `n` its new one) has
--- other lexemes: its stored agentdb_tsv differs; for a virtual one, a column its expression reads differs (the
--- generation expression's dependencies), so that an update leaving the texts alone parses nothing.
-create or replace function agentdb_internal.lexemes_changed_sql(source_id int) returns text
-language sql stable as $$
-select coalesce(
-    (select string_agg(format('o.%1$I is distinct from n.%1$I', c.attname), ' or ' order by c.attnum)
-     from agentdb.sources s
-     join pg_catalog.pg_attribute a on a.attrelid = format('%I.%I', s.table_schema, s.table_name)::regclass
-                                   and a.attname = 'agentdb_tsv'
-     join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
-     join pg_catalog.pg_depend p on p.classid = 'pg_catalog.pg_attrdef'::regclass and p.objid = d.oid
-                                and p.refobjid = a.attrelid and p.refobjsubid > 0 and p.refobjsubid <> a.attnum
-     join pg_catalog.pg_attribute c on c.attrelid = a.attrelid and c.attnum = p.refobjsubid
-     where s.id = lexemes_changed_sql.source_id and a.attgenerated = 'v'),
-    'o.agentdb_tsv is distinct from n.agentdb_tsv')
+-- The rows of `rel` (a transition table, or a subquery of its rows with the table's columns) as the lexical
+-- statements read them: agentdb_chunk_id and agentdb_tsv. A stored agentdb_tsv (a source made before
+-- PostgreSQL 18 or distributed by Citus, a registered table, a memory store; `expr` null) is in the transition
+-- table; a virtual one reads as null there, so its expression `expr` (agentdb_internal.lexemes_on_read's) is
+-- computed over the rows here, once for each statement that reads them: the same lexemes as a read of the
+-- table gives.
+create or replace function agentdb_internal.lexeme_rows(expr text, rel text) returns text
+language sql immutable as $$
+select case when expr is null then rel else format('(select r.agentdb_chunk_id, %s as agentdb_tsv from %s r)', expr, rel) end
+$$;
+
+-- The condition under which an updated row (`o` its old version, `n` its new one) has other lexemes: its
+-- stored agentdb_tsv differs; for a virtual one, one of the columns its expression reads (`inputs`,
+-- agentdb_internal.lexemes_on_read's) differs, so that an update leaving the texts alone parses nothing.
+create or replace function agentdb_internal.lexemes_changed_sql(inputs text[]) returns text
+language sql immutable as $$
+select coalesce((select string_agg(format('o.%1$I is distinct from n.%1$I', c), ' or ') from unnest(inputs) c),
+                'o.agentdb_tsv is distinct from n.agentdb_tsv')
 $$;
 
 -- The statement that bounds the bytes of the tsvectors an addition gathers from transition table
--- `transition`, read through `lexemes` (agentdb_internal.lexeme_rows'), for agentdb_internal.lexical_add_stmt:
--- stored, eight times their pg_column_size (a stored tsvector is compressed at most about eightfold);
--- computed (virtual: a document source's, over its title and text), four times the text's bytes (a lexeme
--- costs its bytes, a 4-byte entry and 2 bytes a position: under three times its word's bytes with the space
--- after it), without parsing the rows twice.
-create or replace function agentdb_internal.tsv_bytes_sql(lexemes text, transition text) returns text
+-- `transition`, for agentdb_internal.lexical_add_stmt: stored (`expr` null), eight times their pg_column_size
+-- (a stored tsvector is compressed at most about eightfold); computed when read (`expr`, a document source's
+-- expression over its title and text), four times the text's bytes (a lexeme costs its bytes, a 4-byte entry
+-- and 2 bytes a position: under three times its word's bytes with the space after it), without parsing the
+-- rows twice.
+create or replace function agentdb_internal.tsv_bytes_sql(expr text, transition text) returns text
 language sql immutable as $$
-select case when lexemes = transition
+select case when expr is null
             then format('select 8 * coalesce(sum(pg_column_size(n.agentdb_tsv)), 0) from %s n', transition)
             else format('select 4 * coalesce(sum(octet_length(n.title) + octet_length(n.text)), 0) from %s n',
                         transition) end
@@ -323,10 +326,11 @@ declare
     stmt text;
     delta agentdb_internal.lexical_delta;
     tsv_bytes bigint;
-    rel text := agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'new_rows');
+    expr text := (agentdb_internal.lexemes_on_read(TG_ARGV[0]::int)).expr;
 begin
-    execute agentdb_internal.tsv_bytes_sql(rel, 'new_rows') into tsv_bytes;
-    execute agentdb_internal.lexical_add_stmt(rel, agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int),
+    execute agentdb_internal.tsv_bytes_sql(expr, 'new_rows') into tsv_bytes;
+    execute agentdb_internal.lexical_add_stmt(agentdb_internal.lexeme_rows(expr, 'new_rows'),
+                                              agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int),
                                               tsv_bytes)
         into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
@@ -403,8 +407,9 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'old_rows'),
-                                                     agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int)) loop
+    foreach stmt in array agentdb.lexical_remove_sql(
+        agentdb_internal.lexeme_rows((agentdb_internal.lexemes_on_read(TG_ARGV[0]::int)).expr, 'old_rows'),
+        agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int)) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
     foreach stmt in array agentdb_internal.index_sync_sql(TG_ARGV[0]::int, 'delete') loop
@@ -421,17 +426,19 @@ language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
 declare
     stmt text;
     layout text := agentdb_internal.lexical_layout_for_write(TG_ARGV[0]::int);
-    changed text := agentdb_internal.lexemes_changed_sql(TG_ARGV[0]::int);
+    expr text;
+    changed text;
     delta agentdb_internal.lexical_delta;
     tsv_bytes bigint;
 begin
-    foreach stmt in array agentdb.lexical_remove_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, format(
+    select l.expr, agentdb_internal.lexemes_changed_sql(l.inputs) into expr, changed
+    from agentdb_internal.lexemes_on_read(TG_ARGV[0]::int) l;
+    foreach stmt in array agentdb.lexical_remove_sql(agentdb_internal.lexeme_rows(expr, format(
         '(select o.* from old_rows o join new_rows n using (agentdb_chunk_id) where %s)', changed)), layout) loop
         execute stmt using TG_ARGV[0]::int;
     end loop;
-    execute agentdb_internal.tsv_bytes_sql(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, 'new_rows'), 'new_rows')
-        into tsv_bytes;
-    execute agentdb_internal.lexical_add_stmt(agentdb_internal.lexeme_rows(TG_ARGV[0]::int, format(
+    execute agentdb_internal.tsv_bytes_sql(expr, 'new_rows') into tsv_bytes;
+    execute agentdb_internal.lexical_add_stmt(agentdb_internal.lexeme_rows(expr, format(
         '(select n.* from new_rows n join old_rows o using (agentdb_chunk_id) where %s)', changed)),
         layout, tsv_bytes) into delta using TG_ARGV[0]::int;
     perform agentdb_internal.lexical_apply(TG_ARGV[0]::int, delta);
