@@ -180,7 +180,9 @@ typedef struct Postings
 	AttrNumber	att_min_dl;
 	AttrNumber	att_tfs;
 	AttrNumber	att_dls;
+	AttrNumber	att_narrow_dls;
 	AttrNumber	att_offs;
+	AttrNumber	att_narrow_offs;
 	MemoryContext scratch;		/* detoasted arrays of one block */
 	double		k_len;			/* the BM25 denominator: tf + k_len + k_dl * dl */
 	double		k_dl;
@@ -242,7 +244,9 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 	p->att_min_dl = column(p->heap, "min_dl");
 	p->att_tfs = column(p->heap, "tfs");
 	p->att_dls = column(p->heap, "dls");
+	p->att_narrow_dls = column(p->heap, "narrow_dls");
 	p->att_offs = column(p->heap, "offs");
+	p->att_narrow_offs = column(p->heap, "narrow_offs");
 	/* The scans key on the index's first three columns: (source_id, term, first_chunk). */
 	if (p->index->rd_index->indnkeyatts < 3 ||
 		p->index->rd_index->indkey.values[0] != column(p->heap, "source_id") ||
@@ -287,10 +291,39 @@ contribution(const Postings *p, double wk, int32 tf, int32 dl)
 	return wk * tf / (tf + p->k_len + p->k_dl * dl);
 }
 
+static void
+malformed_block(const Postings *p)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("a posting block of source %d is malformed", p->source_id),
+			 errhint("Run agentdb check --repair on the source.")));
+}
+
 /*
- * The postings of the block in p->slot into *out, chunk ids made absolute. Its arrays are detoasted into
- * p->scratch, which is reset before it returns; a block whose arrays differ in length, hold nulls or more than
- * BLOCK postings is refused.
+ * One array of the block in p->slot, held in column `wide` (int4) or else in column `narrow` (int2): detoasted,
+ * with *is_wide saying which. A block with neither is refused.
+ */
+static ArrayType *
+block_array(const Postings *p, AttrNumber wide, AttrNumber narrow, bool *is_wide)
+{
+	bool		isnull;
+	Datum		d = slot_getattr(p->slot, wide, &isnull);
+
+	*is_wide = !isnull;
+	if (isnull)
+	{
+		d = slot_getattr(p->slot, narrow, &isnull);
+		if (isnull)
+			malformed_block(p);
+	}
+	return DatumGetArrayTypeP(d);
+}
+
+/*
+ * The postings of the block in p->slot into *out, chunk ids made absolute. Its arrays (offsets and lengths
+ * each wide or narrow, migrations/0025_narrow_posting_blocks.sql) are detoasted into p->scratch, which is reset
+ * before it returns; a block whose arrays differ in length, hold nulls or more than BLOCK postings is refused.
  */
 static void
 read_block(Postings *p, PostingBlock *out)
@@ -300,36 +333,40 @@ read_block(Postings *p, PostingBlock *out)
 	ArrayType  *a_offs;
 	ArrayType  *a_tfs;
 	ArrayType  *a_dls;
-	const int32 *offs;
+	bool		wide_offs;
+	bool		wide_dls;
 	const int16 *tfs;
-	const int32 *dls;
 	MemoryContext old;
 	int			n;
 	int			i;
 
 	old = MemoryContextSwitchTo(p->scratch);
-	a_offs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_offs, &isnull));
+	a_offs = block_array(p, p->att_offs, p->att_narrow_offs, &wide_offs);
 	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tfs, &isnull));
-	a_dls = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_dls, &isnull));
+	a_dls = block_array(p, p->att_dls, p->att_narrow_dls, &wide_dls);
 	MemoryContextSwitchTo(old);
 	n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
 	if (n > BLOCK || ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
 		ArrayGetNItems(ARR_NDIM(a_tfs), ARR_DIMS(a_tfs)) != n ||
 		ArrayGetNItems(ARR_NDIM(a_dls), ARR_DIMS(a_dls)) != n ||
-		ARR_ELEMTYPE(a_offs) != INT4OID || ARR_ELEMTYPE(a_tfs) != INT2OID || ARR_ELEMTYPE(a_dls) != INT4OID)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("a posting block of source %d is malformed", p->source_id),
-				 errhint("Run agentdb check --repair on the source.")));
-	offs = (const int32 *) ARR_DATA_PTR(a_offs);
+		ARR_ELEMTYPE(a_offs) != (wide_offs ? INT4OID : INT2OID) || ARR_ELEMTYPE(a_tfs) != INT2OID ||
+		ARR_ELEMTYPE(a_dls) != (wide_dls ? INT4OID : INT2OID))
+		malformed_block(p);
+	if (wide_offs)
+		for (i = 0; i < n; i++)
+			out->cid[i] = first + ((const int32 *) ARR_DATA_PTR(a_offs))[i];
+	else
+		for (i = 0; i < n; i++)
+			out->cid[i] = first + ((const int16 *) ARR_DATA_PTR(a_offs))[i];
 	tfs = (const int16 *) ARR_DATA_PTR(a_tfs);
-	dls = (const int32 *) ARR_DATA_PTR(a_dls);
 	for (i = 0; i < n; i++)
-	{
-		out->cid[i] = first + offs[i];
 		out->tf[i] = tfs[i];
-		out->dl[i] = dls[i];
-	}
+	if (wide_dls)
+		for (i = 0; i < n; i++)
+			out->dl[i] = ((const int32 *) ARR_DATA_PTR(a_dls))[i];
+	else
+		for (i = 0; i < n; i++)
+			out->dl[i] = ((const int16 *) ARR_DATA_PTR(a_dls))[i];
 	out->n = n;
 	MemoryContextReset(p->scratch);
 }
@@ -1116,7 +1153,9 @@ write_array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype)
 
 /*
  * Term `term`'s postings tp[0..n) (distinct chunk ids), ordered by chunk id and cut into blocks of BLOCK, put as
- * rows (term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls) of function `fn`'s result.
+ * rows (term, first_chunk, last_chunk, max_tf, min_dl, offs, narrow_offs, tfs, dls, narrow_dls) of function
+ * `fn`'s result: a block's offsets in narrow_offs (int2) when its chunk range fits, else in offs (int4), its
+ * lengths in narrow_dls when they all fit, else in dls; the other of each pair null.
  */
 static void
 put_blocks(ReturnSetInfo *rsinfo, text *term, WritePosting *tp, int64 n, const char *fn)
@@ -1137,45 +1176,54 @@ put_blocks(ReturnSetInfo *rsinfo, text *term, WritePosting *tp, int64 n, const c
 		Datum		dls[BLOCK];
 		int64		lo = tp[from].cid;
 		int64		hi = tp[from + m - 1].cid;
+		bool		wide_offs = hi - lo > PG_INT16_MAX;
+		bool		wide_dls = false;
 		int32		max_tf = 0;
 		int32		min_dl = PG_INT32_MAX;
-		Datum		values[8];
-		bool		nulls[8] = {false, false, false, false, false, false, false, false};
+		Datum		values[10];
+		bool		nulls[10];
 		int			k;
 
+		if (hi - lo > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("%s: a block's chunk range is out of range", fn)));
+		for (k = 0; k < m; k++)
+			wide_dls |= tp[from + k].dl > PG_INT16_MAX;
 		for (k = 0; k < m; k++)
 		{
 			const WritePosting *w = &tp[from + k];
 
-			if (w->cid - lo > PG_INT32_MAX)
-				ereport(ERROR,
-						(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-						 errmsg("%s: a block's chunk range is out of range", fn)));
-			offs[k] = Int32GetDatum((int32) (w->cid - lo));
+			offs[k] = wide_offs ? Int32GetDatum((int32) (w->cid - lo)) : Int16GetDatum((int16) (w->cid - lo));
 			tfs[k] = Int16GetDatum(w->tf);
-			dls[k] = Int32GetDatum(w->dl);
+			dls[k] = wide_dls ? Int32GetDatum(w->dl) : Int16GetDatum((int16) w->dl);
 			max_tf = Max(max_tf, w->tf);
 			min_dl = Min(min_dl, w->dl);
 		}
+		memset(values, 0, sizeof(values));
+		memset(nulls, false, sizeof(nulls));
 		values[0] = PointerGetDatum(term);
 		values[1] = Int64GetDatum(lo);
 		values[2] = Int64GetDatum(hi);
 		values[3] = Int32GetDatum(max_tf);
 		values[4] = Int32GetDatum(min_dl);
-		values[5] = PointerGetDatum(construct_array_builtin(offs, m, INT4OID));
-		values[6] = PointerGetDatum(construct_array_builtin(tfs, m, INT2OID));
-		values[7] = PointerGetDatum(construct_array_builtin(dls, m, INT4OID));
+		values[wide_offs ? 5 : 6] =
+			PointerGetDatum(construct_array_builtin(offs, m, wide_offs ? INT4OID : INT2OID));
+		nulls[wide_offs ? 6 : 5] = true;
+		values[7] = PointerGetDatum(construct_array_builtin(tfs, m, INT2OID));
+		values[wide_dls ? 8 : 9] = PointerGetDatum(construct_array_builtin(dls, m, wide_dls ? INT4OID : INT2OID));
+		nulls[wide_dls ? 9 : 8] = true;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		pfree(DatumGetPointer(values[5]));
-		pfree(DatumGetPointer(values[6]));
-		pfree(DatumGetPointer(values[7]));
+		for (k = 5; k < 10; k++)
+			if (!nulls[k])
+				pfree(DatumGetPointer(values[k]));
 	}
 }
 
 /*
  * agentdb_accel.tsv_blocks(chunk_ids bigint[], tsvs tsvector[])
  * returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[],
- *                tfs int2[], dls int4[])
+ *                narrow_offs int2[], tfs int2[], dls int4[], narrow_dls int2[])
  *
  * The posting blocks of the chunks chunk_ids[i] whose tsvectors are tsvs[i] (a null tsvector holds nothing).
  * Each term's postings are ordered by chunk id before they are cut (stable: the ids of one statement are
@@ -1392,7 +1440,7 @@ gather(void *arg, QueryTerm *t, const PostingBlock *block)
 /*
  * agentdb_accel.merged_blocks(source_id int, terms text[])
  * returns table (term text, first_chunk bigint, last_chunk bigint, max_tf int, min_dl int, offs int4[],
- *                tfs int2[], dls int4[])
+ *                narrow_offs int2[], tfs int2[], dls int4[], narrow_dls int2[])
  *
  * Source source_id's blocks of each of `terms` (agentdb.posting_blocks, read as the cursor reads them, under
  * the caller's snapshot) cut again: the term's postings in chunk order, BLOCK a block. These are the blocks

@@ -31,6 +31,11 @@
 create or replace function agentdb_internal.bm25_round(score float8) returns float8
 language sql immutable parallel safe as $$ select round(score * 1e9) / 1e9 $$;
 
+-- A posting block's offsets or lengths as int4, from whichever of their two columns holds them: the wide
+-- int4[] or the narrow int2[] (migrations/0025_narrow_posting_blocks.sql). Inlined (plain SQL).
+create or replace function agentdb_internal.block_ints(wide int4[], narrow int2[]) returns int4[]
+language sql immutable parallel safe as $$ select coalesce(wide, narrow::int4[]) $$;
+
 -- The block postings of the named `terms` of source `source_id`, one a row (term, chunk_id, tf, dl), of the
 -- chunks that the active principal may read (agentdb.principal_block_predicate, sql/050_principals.sql, says
 -- which): nothing for anyone else, nor for a source outside its grant. SECURITY DEFINER: principals' roles
@@ -48,7 +53,8 @@ begin
     -- The source table keeps its name (no alias): the predicate refers to its columns as schema.table.column.
     return query execute format($q$
         select u.term, u.first_chunk + u.off, u.tf::int, u.dl
-        from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+        from (select b.term, b.first_chunk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+                     unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
               from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
         %s $q$,
         case when v.pred = 'true' then ''
@@ -77,7 +83,8 @@ from unnest($2, $3) as t(term, wk)
 join agentdb.postings p on p.source_id = $1 and p.term = t.term
 union all
 select u.term, u.first_chunk + u.off, u.wk, u.tf::int, u.dl
-from (select t.term, b.first_chunk, t.wk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+from (select t.term, b.first_chunk, t.wk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+             unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
       from unnest($2, $3) as t(term, wk)
       join agentdb.posting_blocks b on b.source_id = $1 and b.term = t.term
       where left(current_user, 10) <> 'agentdb_p_') u
@@ -109,13 +116,17 @@ select format($q$
                p.dls[i * 128 + 1 : i * 128 + 128] as dls
         from per_term p cross join lateral generate_series(0, (p.n - 1) / 128) as i
     ), blocks as (
-        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
+        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs,
+                                            narrow_offs, tfs, dls, narrow_dls)
         select $1, c.term, m.lo, m.hi, m.max_tf, m.min_dl,
-               (select array_agg((u.id - m.lo)::int4) from (select unnest(c.ids) as id) u), c.tfs, c.dls
+               case when m.hi - m.lo > 32767 then o.offs end, case when m.hi - m.lo <= 32767 then o.offs::int2[] end,
+               c.tfs,
+               case when m.max_dl > 32767 then c.dls end, case when m.max_dl <= 32767 then c.dls::int2[] end
         from cut c cross join lateral (
-            select min(u.id) as lo, max(u.id) as hi, max(u.tf) as max_tf, min(u.dl) as min_dl
+            select min(u.id) as lo, max(u.id) as hi, max(u.tf) as max_tf, min(u.dl) as min_dl, max(u.dl) as max_dl
             from (select unnest(c.ids) as id, unnest(c.tfs) as tf, unnest(c.dls) as dl) u) m
-        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n
+        cross join lateral (select array_agg((u.id - m.lo)::int4) as offs from (select unnest(c.ids) as id) u) o
+        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(tfs) as n
     ) $q$, rel, case when grp = '' then '' else ', ' || grp end,
     case when sorted then 'order by e.chunk_id' else '' end)
 $$;
@@ -180,6 +191,16 @@ select case when layout = 'rows' then format($q$
     end
 $$;
 
+-- Whether the installed accelerator is one that reads and writes this schema's posting blocks: version 1.5 or
+-- later (narrow blocks, migrations/0025_narrow_posting_blocks.sql). An older build (an external server's, built
+-- by an older `agentdb accel build`) is left unused: the plain SQL path serves, and sql/025_accel.sql's
+-- warning says why when its update fails.
+create or replace function agentdb_internal.accel_current() returns boolean
+language sql stable as $$
+select coalesce((select string_to_array(x.extversion, '.')::int[] >= '{1,5}'
+                 from pg_catalog.pg_extension x where x.extname = 'agentdb_accel'), false)
+$$;
+
 -- Whether this session's lexical writes to a source in the block layout take the accelerator's write path
 -- through its function `fn` (ext/: agentdb_accel.tsv_blocks for a write, merged_blocks for a merge): the
 -- extension offers it to the current user (the owner of the SECURITY DEFINER triggers) and
@@ -187,6 +208,7 @@ $$;
 create or replace function agentdb_internal.lexical_write_accel(fn text default 'tsv_blocks') returns boolean
 language sql stable as $$
 select coalesce(current_setting('agentdb.lexical_path', true), '') <> 'sql'
+       and agentdb_internal.accel_current()
        and coalesce((select has_function_privilege(x.oid, 'execute')
                      from pg_catalog.pg_proc x
                      where x.proname = fn and x.pronamespace = to_regnamespace('agentdb_accel')), false)
@@ -198,10 +220,12 @@ $$;
 create or replace function agentdb_internal.cut_blocks_insert_sql(from_list text, cond text) returns text
 language sql immutable as $$
 select format($q$
-        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs, tfs, dls)
-        select $1, b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls
+        insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs,
+                                            narrow_offs, tfs, dls, narrow_dls)
+        select $1, b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.narrow_offs, b.tfs, b.dls,
+               b.narrow_dls
         from %s %s
-        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(offs) as n $q$, from_list, cond)
+        returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(tfs) as n $q$, from_list, cond)
 $$;
 
 -- agentdb.lexical_add_sql's statement for the block layout on the accelerator's write path: the rows' ids and
@@ -386,10 +410,11 @@ select array[
     ), hit as (
         delete from agentdb.posting_blocks b using ranges r
         where b.source_id = $1 and b.term = r.term and b.first_chunk <= r.hi and b.last_chunk >= r.lo
-        returning b.term, b.first_chunk, b.offs, b.tfs, b.dls
+        returning b.term, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls
     ), kept as (
         select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl, u.first_chunk as old_first
-        from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
+        from (select h.term, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
+                     unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
               from hit h) u
         where not exists (select 1 from gone g where g.term = u.term and g.chunk_id = u.first_chunk + u.off)
     ), %s, %s
@@ -586,13 +611,17 @@ begin
             select term, chunk_id, tf, dl from agentdb.postings where source_id = $1
             union all
             select u.term, u.first_chunk + u.off, u.tf, u.dl
-            from (select b.term, b.first_chunk, unnest(b.offs) as off, unnest(b.tfs) as tf, unnest(b.dls) as dl
+            from (select b.term, b.first_chunk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+                         unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
                   from agentdb.posting_blocks b where b.source_id = $1) u
         ), block_contents as (
-            select b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, b.offs, b.tfs, b.dls,
-                   (select min(o) from unnest(b.offs) o) as min_off, (select max(o) from unnest(b.offs) o) as max_off,
-                   (select max(t) from unnest(b.tfs) t) as top_tf, (select min(d) from unnest(b.dls) d) as low_dl
-            from agentdb.posting_blocks b where b.source_id = $1
+            select b.term, b.first_chunk, b.last_chunk, b.max_tf, b.min_dl, x.offs, b.tfs, x.dls,
+                   (select min(o) from unnest(x.offs) o) as min_off, (select max(o) from unnest(x.offs) o) as max_off,
+                   (select max(t) from unnest(b.tfs) t) as top_tf, (select min(d) from unnest(x.dls) d) as low_dl
+            from agentdb.posting_blocks b
+            cross join lateral (select agentdb_internal.block_ints(b.offs, b.narrow_offs) as offs,
+                                       agentdb_internal.block_ints(b.dls, b.narrow_dls) as dls) x
+            where b.source_id = $1
         ), expected_df as (
             select term, count(*) as df, max(tf) as max_tf, min(dl) as min_dl from expected group by term
         ), actual_df as (
@@ -683,7 +712,7 @@ begin
     execute format($q$
         with terms as (
             select b.term from agentdb.posting_blocks b where b.source_id = $1 %s
-            group by b.term having count(*) * 4 > ceil(sum(cardinality(b.offs)) / 128.0) * 5
+            group by b.term having count(*) * 4 > ceil(sum(cardinality(b.tfs)) / 128.0) * 5
         ), hit as (
             delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
             returning %s
@@ -693,14 +722,16 @@ begin
               from blocks group by term order by term) n
         where s.source_id = $1 and s.term = n.term $q$, range_sql,
         -- the SQL cut reads the deleted blocks' arrays; merged_blocks reads the blocks itself
-        case when accel then 'b.term' else 'b.term, b.first_chunk, b.offs, b.tfs, b.dls' end,
+        case when accel then 'b.term'
+             else 'b.term, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls' end,
         case when accel then format('blocks as (%s) ', agentdb_internal.cut_blocks_insert_sql(
             'agentdb_accel.merged_blocks($1, (select array_agg(t.term order by t.term) from terms t)) b',
             'where (select count(*) from hit) > 0'))
         else $c$
         kept as (
             select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
-            from (select h.term, h.first_chunk, unnest(h.offs) as off, unnest(h.tfs) as tf, unnest(h.dls) as dl
+            from (select h.term, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
+                         unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
                   from hit h) u
         ), $c$ || agentdb_internal.block_sql('kept', '', true) end)
         using src.id;

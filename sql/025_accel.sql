@@ -39,7 +39,8 @@ begin
     execute format($f$
 create or replace function agentdb_internal.lexical_path() returns text
 language sql stable as $b$
-select case when coalesce(current_setting('agentdb.lexical_path', true), '') = 'sql' or p is null then 'sql'
+select case when coalesce(current_setting('agentdb.lexical_path', true), '') = 'sql' or p is null
+                 or not agentdb_internal.accel_current() then 'sql'
             when left(current_user, 10) = 'agentdb_p_'
             then case when has_function_privilege(%1$L, p, 'execute')
                            and has_schema_privilege(%1$L, 'agentdb_accel', 'usage') then 'accel' else 'sql' end

@@ -135,9 +135,10 @@ declare
         (select %3$s * p.tf / (p.tf + $8 + $10 * p.dl) from agentdb.postings p
          where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$, 'agentdb.postings', postings);
     block_lookup constant text := $q$
-        (select %3$s * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * b.dls[k.i])
+        (select %3$s * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * coalesce(b.dls[k.i], b.narrow_dls[k.i]))
          from agentdb.posting_blocks b
-         cross join lateral (select array_position(b.offs, (%1$s - b.first_chunk)::int4) as i) k
+         cross join lateral (select array_position(agentdb_internal.block_ints(b.offs, b.narrow_offs),
+                                                   (%1$s - b.first_chunk)::int4) as i) k
          where b.source_id = $9 and b.term = %2$s and b.first_chunk between %1$s - %4$s and %1$s
            and b.last_chunk >= %1$s and k.i is not null
          limit 1) $q$;

@@ -26,7 +26,18 @@ from agentdb.db import accel
 from agentdb.retrieval import retrieve
 from agentdb.sources import create_document_source, optimize_source
 from tests.filter_oracle import filters
-from tests.test_blocks import DIM, FIELD_DICTS, FIELDS, TWINS, WORDS, _copy, _random_write, _rows
+from tests.test_blocks import (
+    DIM,
+    FIELD_DICTS,
+    FIELDS,
+    TWINS,
+    WIDE_SPAN,
+    WORDS,
+    _copy,
+    _random_write,
+    _rows,
+    skip_ids,
+)
 
 PATHS = ("sql", "accel")
 CALL = (
@@ -314,7 +325,9 @@ def _derived(conn: psycopg.Connection[Any], name: str) -> tuple[Any, ...]:
     postings = conn.execute(
         sql.SQL(
             """select b.term, t.doc_id, u.tf, u.dl
-               from agentdb.posting_blocks b cross join lateral unnest(b.offs, b.tfs, b.dls) u(off, tf, dl)
+               from agentdb.posting_blocks b
+               cross join lateral unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs), b.tfs,
+                                         agentdb_internal.block_ints(b.dls, b.narrow_dls)) u(off, tf, dl)
                join {} t on t.agentdb_chunk_id = b.first_chunk + u.off
                where b.source_id = %s order by 1, 2"""
         ).format(table),
@@ -322,10 +335,12 @@ def _derived(conn: psycopg.Connection[Any], name: str) -> tuple[Any, ...]:
     ).fetchall()
     blocks = conn.execute(
         sql.SQL(
-            """select b.term, b.max_tf, b.min_dl, b.last_chunk - b.first_chunk, b.tfs, b.dls,
-                      (select array_agg(t.doc_id order by u.o) from unnest(b.offs) with ordinality u(off, o)
+            """select b.term, b.max_tf, b.min_dl, b.last_chunk - b.first_chunk, b.tfs, b.dls, b.narrow_dls,
+                      b.offs is null,
+                      (select array_agg(t.doc_id order by u.o)
+                       from unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) with ordinality u(off, o)
                        join {} t on t.agentdb_chunk_id = b.first_chunk + u.off)
-               from agentdb.posting_blocks b where b.source_id = %s order by 1, 7"""
+               from agentdb.posting_blocks b where b.source_id = %s order by 1, 9"""
         ).format(table),
         (sid,),
     ).fetchall()
@@ -361,6 +376,8 @@ def test_the_write_path_in_c_writes_what_sql_writes(
         op = data.draw(st.sampled_from(["insert", "insert", "update", "delete"]), label="op")
         ops.append(op)
         rows = _rows(rng, data.draw(st.integers(1, 400), label="n"))
+        if op == "insert":
+            skip_ids(conn, tuple(paths), data.draw(st.sampled_from([0, 0, WIDE_SPAN]), label="id gap"))
         words = " ".join(rng.choices(WORDS, k=rng.randint(1, 20)))
         mod = data.draw(st.integers(2, 9), label="mod")
         for name, path in paths.items():
@@ -406,3 +423,48 @@ def test_the_write_path_in_c_writes_what_sql_writes(
                     n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,))
                 )
         assert merged["accel"] == merged["sql"]
+
+
+def test_blocks_too_wide_for_two_bytes_on_both_paths(conn: psycopg.Connection[Any]) -> None:
+    """A block keeps its offsets in int4 when its chunks lie more than 32,767 ids apart, and its lengths in int4
+    when a chunk is longer than 32,767 lexemes; else two bytes each (migrations/0025_narrow_posting_blocks.sql).
+    Both write paths choose the same widths, both read paths answer alike over wide and narrow blocks, and
+    lexical_check finds nothing, before and after a merge."""
+    paths = {"wa": "accel", "ws": "sql"}
+    rng = random.Random(25)
+    first, later = _rows(rng, 60), _rows(rng, 60)
+    doc, chunk, _, meta, vec = _rows(rng, 1)[0]
+    long_text = " ".join([*rng.choices(WORDS, k=100), *(f"z{i:05d}" for i in range(33_000))])
+    for name, path in paths.items():
+        create_document_source(
+            conn, name, embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+        )
+        _on(conn, path)
+        _copy(conn, first, (name,))
+        skip_ids(conn, (name,), WIDE_SPAN)
+        _copy(conn, [(doc, chunk, long_text, meta, vec), *later], (name,))
+    assert _derived(conn, "wa") == _derived(conn, "ws")
+    for name in paths:
+        for merge in (False, True):
+            if merge:  # a term's blocks cut again across the gap in ids: offsets wide
+                _on(conn, paths[name])
+                optimize_source(conn, name)
+            widths = conn.execute(
+                "select count(*) filter (where b.offs is not null), count(*) filter (where b.narrow_offs is not null),"
+                " count(*) filter (where b.dls is not null), count(*) filter (where b.narrow_dls is not null)"
+                " from agentdb.posting_blocks b join agentdb.sources s on s.id = b.source_id where s.name = %s",
+                (name,),
+            ).fetchone()
+            assert widths is not None and (widths[0] > 0) == merge and all(n > 0 for n in widths[1:]), widths
+            assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check(%s)", (name,)))
+            for query in (" ".join(WORDS[:4]), "z00017 z32000"):
+                answers = {}
+                for path in PATHS:
+                    _on(conn, path)
+                    result = retrieve(conn, name, query, mode="lexical", top_k=100)
+                    assert result.diagnostics["parameters"]["lexical_path"] == path
+                    answers[path] = _answer(result)
+                assert answers["accel"]
+                assert ("z00017" in query) <= any(d == doc for d, *_ in answers["accel"])
+                assert_same(answers["accel"], answers["sql"])
+    assert _derived(conn, "wa") == _derived(conn, "ws")
