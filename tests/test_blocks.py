@@ -37,9 +37,11 @@ from agentdb.sources import (
     FieldSpec,
     create_document_source,
     get_source,
+    merge,
     optimize_source,
     rebuild_lexical,
 )
+from agentdb.sources.merge import REINDEX_SHARE
 from tests.conftest import without_autovacuum
 from tests.filter_oracle import filters, matches, sample_metadata
 
@@ -949,6 +951,70 @@ def test_sliced_merge_equals_one_merge_and_reuses_the_space_it_frees(
     # its own.
     if workers == 1:
         assert sliced_growth <= rewritten // 2
+
+
+def test_a_merge_that_takes_away_many_blocks_rebuilds_the_key_index(
+    conn: psycopg.Connection[Any],
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A merge that removes at least a quarter of the block table's rows rebuilds its key index afterwards
+    (REINDEX CONCURRENTLY, sources.merge.compact_block_key): smaller than the one many writes and the merge
+    left, with an index an interrupted rebuild left invalid dropped first; answers unchanged. While another
+    transaction outlasts the rebuild's lock timeout the merge still completes, and the index stays as it was,
+    with a warning. A merge that removes less leaves the index as it is."""
+    _twin_block_sources(conn, ("many", "other"), "k", seed=8, writes=12, size=300)
+
+    def key_index() -> tuple[int, int]:
+        row = conn.execute(
+            "select pg_relation_filenode('agentdb.posting_blocks_pkey'),"
+            " pg_relation_size('agentdb.posting_blocks_pkey')"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def indexes() -> list[tuple[str, bool]]:
+        return conn.execute(
+            "select c.relname, i.indisvalid from pg_index i join pg_class c on c.oid = i.indexrelid"
+            " where i.indrelid = 'agentdb.posting_blocks'::regclass order by 1"
+        ).fetchall()
+
+    def merge_removing_a_share(name: str) -> float:
+        (rows,) = conn.execute("select count(*) from agentdb.posting_blocks").fetchone() or (0,)
+        before, after = optimize_source(conn, name, slices=1)
+        assert lexical_check(conn, name) == dict.fromkeys(CHECKS, 0)
+        return (before - after) / rows
+
+    # What an interrupted rebuild leaves: a concurrent build that failed (here on duplicate keys), invalid.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(
+            "create unique index concurrently posting_blocks_pkey_ccnew on agentdb.posting_blocks (term)"
+        )
+    assert ("posting_blocks_pkey_ccnew", False) in indexes()
+    node, size = key_index()
+
+    monkeypatch.setattr(merge, "REINDEX_LOCK_TIMEOUT", "300ms")
+    with psycopg.connect(db_url) as other_session:  # a transaction holding its snapshot throughout
+        other_session.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        other_session.execute("select count(*) from agentdb.sources").fetchone()
+        assert merge_removing_a_share("other") >= REINDEX_SHARE
+    assert "was not rebuilt" in caplog.text
+    assert key_index()[0] == node and ("posting_blocks_pkey", True) in indexes()
+
+    queries = ["k0x k5x k77x", "k1x k2x"]
+    want = {q: _hits(retrieve(conn, "many", q, mode="lexical", top_k=20)) for q in queries}
+    assert merge_removing_a_share("many") >= REINDEX_SHARE
+    rebuilt_node, rebuilt_size = key_index()
+    assert rebuilt_node != node and rebuilt_size < size
+    assert indexes() == [("posting_blocks_pkey", True)]
+    for q in queries:
+        assert_same_ranking(_hits(retrieve(conn, "many", q, mode="lexical", top_k=20)), want[q])
+
+    words = [f"k{i}x" for i in range(300)]
+    _copy(conn, _rows(random.Random(9), 20, words, [1 / (i + 1) for i in range(len(words))]), ("many",))
+    assert 0 < merge_removing_a_share("many") < REINDEX_SHARE
+    assert key_index()[0] == rebuilt_node
 
 
 def test_a_second_optimize_of_a_source_waits_for_the_first(
