@@ -371,6 +371,16 @@ def test_a_distributed_source_answers_as_one_node(
             " and tgname like 'agentdb%'"
         ).fetchone()
         assert triggers == (0,)
+        # Its chunks' lexemes are computed when read (a virtual column), on the coordinator and on every shard.
+        assert conn.execute(
+            "select attgenerated from pg_attribute"
+            " where attrelid = 'agentdb_docs.equal'::regclass and attname = 'agentdb_tsv'"
+        ).fetchone() == ("v",)
+        on_shards = conn.execute(
+            "select distinct result from run_command_on_shards('agentdb_docs.equal', $$select attgenerated"
+            " from pg_attribute where attrelid = '%s'::regclass and attname = 'agentdb_tsv'$$)"
+        ).fetchall()
+        assert on_shards == [("v",)]
         # A distributed source keeps row postings (a block spans documents on many shards); nothing is made.
         configure(conn)
         with pytest.raises(InvalidParamValue, match="keeps its postings in rows") as refused:

@@ -7,7 +7,8 @@ Statement-level triggers keep the BM25 postings and statistics equal to the rows
 
 A document table on PostgreSQL 18 or newer computes `agentdb_tsv` when read (a virtual generated column): the
 postings hold what the lexical leg reads, so the lexemes need no copy on disk (at a million chunks the stored
-column was 1.14 times the text). A distributed table keeps it stored, as does a table on an older server."""
+column was 1.14 times the text), a distributed one too (Citus computes it on the shards). A table on an older
+server keeps it stored."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def create_document_source(
             if routed_by_tenant(source)
             else sql.SQL("")
         )
-        computed_on_read = not source.distributed and conn.info.server_version >= 180000
+        computed_on_read = conn.info.server_version >= 180000
         conn.execute(
             sql.SQL(
                 "create table {table} ("
