@@ -151,19 +151,29 @@ def _load_onnx(model_name: str, cache_dir: Path) -> Embedder:
 
 
 def check_vector(vector: object, dim: int, path: str) -> list[float]:
-    """A user-supplied vector, accepted as it is once its shape and dimension are checked."""
-    if not isinstance(vector, list | tuple | np.ndarray) or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) for x in vector
-    ):
+    """A user-supplied vector, accepted as it is once its shape and dimension are checked. The element check
+    looks at each distinct element type once (a vector has one or two: int and float), not at every element."""
+    if isinstance(vector, np.ndarray):
+        numbers = vector.ndim == 1 and vector.dtype.kind in "iuf"
+    elif isinstance(vector, list | tuple):
+        kinds = {type(x) for x in vector}
+        numbers = all(issubclass(kind, int | float) and not issubclass(kind, bool) for kind in kinds)
+    else:
+        numbers = False
+    if not numbers:
         raise StorageContentError("an embedding must be an array of numbers", path=path)
-    if len(vector) != dim:
+    size = len(vector)  # type: ignore[arg-type]
+    if size != dim:
         raise StorageContentError(
-            f"embedding has dimension {len(vector)} but the source's model has dimension {dim}", path=path
+            f"embedding has dimension {size} but the source's model has dimension {dim}", path=path
         )
-    values = [float(x) for x in vector]
-    if not all(np.isfinite(values)):
+    try:
+        values = np.asarray(vector, dtype=np.float64)
+    except OverflowError:  # an integer beyond any float
+        values = np.array([np.inf])
+    if not np.isfinite(values).all():
         raise StorageContentError("an embedding must contain finite numbers only", path=path)
-    return values
+    return values.tolist()
 
 
 def check_model(source_model: str, query_model: str, source_name: str) -> None:

@@ -72,7 +72,9 @@ def corpus(conn: psycopg.Connection[Any]) -> random.Random:
     create_document_source(
         conn, "blk", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
     )
-    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS)
+    create_document_source(
+        conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="rows"
+    )
     rng = random.Random(30)
     for n in (300, 200, 100):
         _copy(conn, _rows(rng, n))
@@ -91,7 +93,7 @@ def test_the_embedded_server_serves_the_accelerated_path(conn: psycopg.Connectio
         got = retrieve(conn, "blk", WORDS[0], mode="lexical")
         assert got.diagnostics["parameters"]["lexical_path"] == path
         assert got.hits
-    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM)
+    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM, lexical_layout="rows")
     _copy(conn, _rows(random.Random(1), 20), names=("rws",))
     _on(conn, "accel")
     assert retrieve(conn, "rws", WORDS[0], mode="lexical").diagnostics["parameters"]["lexical_path"] == "sql"

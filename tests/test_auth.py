@@ -70,9 +70,13 @@ def _unit(rng: np.random.Generator) -> np.ndarray:
 @pytest.fixture
 def corpus(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
     """Source `docs` (60 rows: random metadata, three words each, random unit vectors; a few without a
-    vector) and source `other` (3 rows, no fields). Returns docs' metadata by doc id."""
-    create_document_source(conn, "docs", embedding_model="m", embedding_dim=DIM, fields=FIELDS)
-    create_document_source(conn, "other", embedding_model="m", embedding_dim=DIM)
+    vector) and source `other` (3 rows, no fields), both in the row layout, whose postings the principals'
+    policies filter row by row (tests/test_blocks.py covers principals on block sources). Returns docs'
+    metadata by doc id."""
+    create_document_source(
+        conn, "docs", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="rows"
+    )
+    create_document_source(conn, "other", embedding_model="m", embedding_dim=DIM, lexical_layout="rows")
     rng = random.Random(4)
     nprng = np.random.default_rng(4)
     rows = {doc_id: sample_metadata(FIELD_DICTS, rng) for doc_id in DOC_IDS}
@@ -549,8 +553,11 @@ TENANTS = ("acme", "umbrella", "initech")
 
 @pytest.fixture
 def tenants(conn: psycopg.Connection[Any]) -> dict[str, str]:
-    """Source `tenants`: 30 documents of 3 chunks, each of one tenant with a secret. Returns doc id -> tenant."""
-    create_document_source(conn, "tenants", embedding_model="m", embedding_dim=DIM, fields=TENANT_FIELDS)
+    """Source `tenants` (row layout): 30 documents of 3 chunks, each of one tenant with a secret. Returns doc id
+    -> tenant."""
+    create_document_source(
+        conn, "tenants", embedding_model="m", embedding_dim=DIM, fields=TENANT_FIELDS, lexical_layout="rows"
+    )
     rng = random.Random(8)
     nprng = np.random.default_rng(8)
     owners = {f"t{i:02d}": TENANTS[i % 3] for i in range(30)}

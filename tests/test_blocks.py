@@ -102,7 +102,9 @@ def twins(conn: psycopg.Connection[Any]) -> random.Random:
     create_document_source(
         conn, "blk", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
     )
-    create_document_source(conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS)
+    create_document_source(
+        conn, "rws", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="rows"
+    )
     rng = random.Random(14)
     for n in (300, 200, 100):
         _copy(conn, _rows(rng, n))

@@ -148,7 +148,7 @@ def test_migrate_ingest_sources_search_check(db_url: str, corpus: Path) -> None:
 def test_check_detects_and_repairs_a_damaged_index(db_url: str, corpus: Path) -> None:
     run(["ingest", "notes", str(corpus), "--no-progress"], db_url)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("delete from agentdb.postings where term = 'vacuum'")
+        conn.execute("delete from agentdb.posting_blocks where term = 'vacuum'")  # the default layout's
     broken = run(["check", "notes"], db_url, check=False)
     assert broken.returncode == 2 and "postings" in broken.stdout and "--repair" in broken.stderr
     repaired = run(["check", "notes", "--repair"], db_url)

@@ -23,7 +23,7 @@ from psycopg import sql
 from agentdb.db.pool import configure
 from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError, StorageKindMismatch
 from agentdb.ingest.chunking import chunk_text
-from agentdb.ingest.pipeline import FieldMap, ingest
+from agentdb.ingest.pipeline import EMBED_BATCH, WRITE_BATCH, Document, FieldMap, _batches, ingest
 from agentdb.ingest.readers import Located, read_records
 from agentdb.sources import (
     FieldSpec,
@@ -77,6 +77,19 @@ def field_types(conn: psycopg.Connection[Any], name: str) -> dict[str, str]:
     return {f.name: f.type for f in get_source(conn, name).fields}
 
 
+def postings(conn: psycopg.Connection[Any], source_id: int) -> list[tuple[Any, ...]]:
+    """Source `source_id`'s postings (term, chunk id, tf, dl) in term and chunk order, whichever its layout."""
+    return conn.execute(
+        "select term, chunk_id, tf, dl from agentdb.postings where source_id = %s"
+        " union all"
+        " select b.term, b.first_chunk + u.off, u.tf, u.dl from agentdb.posting_blocks b"
+        " cross join lateral unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs), b.tfs,"
+        "                           agentdb_internal.block_ints(b.dls, b.narrow_dls)) u(off, tf, dl)"
+        " where b.source_id = %s order by 1, 2",
+        (source_id, source_id),
+    ).fetchall()
+
+
 def snapshot(conn: psycopg.Connection[Any], name: str) -> dict[str, Any]:
     """Everything ingestion may change for source `name`."""
     source = get_source(conn, name)
@@ -88,8 +101,9 @@ def snapshot(conn: psycopg.Connection[Any], name: str) -> dict[str, Any]:
         "fields": conn.execute(
             "select fields::text from agentdb.sources where id = %s", (source.id,)
         ).fetchall(),
-        "postings": conn.execute(
-            "select term, chunk_id, tf, dl from agentdb.postings where source_id = %s order by 1, 2",
+        "postings": postings(conn, source.id),
+        "posting_blocks": conn.execute(
+            "select term, first_chunk, last_chunk from agentdb.posting_blocks where source_id = %s order by 1, 2",
             (source.id,),
         ).fetchall(),
         "term_stats": conn.execute(
@@ -189,7 +203,7 @@ def test_jsonl_ingestion_chunks_ids_types_and_embeddings(
         assert not np.allclose(vector, embedder.embed([c["text"]])[0], atol=1e-2)  # the title counts
 
     assert_lexical_ok(conn, "docs")
-    assert conn.execute("select count(*) from agentdb.postings").fetchone()[0] > 0  # type: ignore[index]
+    assert postings(conn, get_source(conn, "docs").id)
 
 
 def test_jsonl_gz_ingests_like_plain_jsonl(
@@ -554,9 +568,7 @@ def test_reingest_replaces_the_whole_document(
     ]
     assert docs[LONG_ID][0]["metadata"]["year"] == 2024
     assert len(docs["other"]) == 1
-    assert conn.execute(
-        "select count(*) from agentdb.postings where chunk_id = any(%s)", (old_ids,)
-    ).fetchone() == (0,)
+    assert not [p for p in postings(conn, get_source(conn, "docs").id) if p[1] in old_ids]
     # A term only the old text had is gone from the statistics.
     assert conn.execute("select count(*) from agentdb.term_stats where term = 'synchron'").fetchone() == (0,)
     assert_lexical_ok(conn, "docs")
@@ -622,7 +634,8 @@ def test_a_bulk_ingestion_leaves_its_tables_vacuumed_and_analyzed(
     """At ANALYZE_AFTER_CHUNKS chunks or more, ingestion vacuums what it wrote (the visibility map set, so the
     postings are read by index-only scans without heap fetches) and analyzes it; autovacuum, turned off on the
     database's tables here, has no part in it (nor can its ANALYZE keep that VACUUM from its work). Inside a
-    transaction block the same step only analyzes."""
+    transaction block the same step only analyzes. (A source in the row layout, whose postings those
+    index-only scans read.)"""
     from agentdb.ingest.pipeline import ANALYZE_AFTER_CHUNKS, analyze_source
 
     rng = np.random.default_rng(3)
@@ -639,6 +652,7 @@ def test_a_bulk_ingestion_leaves_its_tables_vacuumed_and_analyzed(
         read_records(write_jsonl(tmp_path / "one.jsonl", records(1, 0))),
         embedder,
         progress=False,
+        lexical_layout="rows",
     )
     without_autovacuum(conn)
     path = write_jsonl(tmp_path / "many.jsonl", records(ANALYZE_AFTER_CHUNKS, 1))
@@ -746,16 +760,27 @@ def test_a_failed_load_into_a_new_source_still_builds_its_vector_index(
         return real_copy(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "copy_chunks", failing_copy)
-    records = vector_records(70, 6)  # batches of 64 documents: the second one fails
+    records = vector_records(WRITE_BATCH + 6, 6)  # batches of WRITE_BATCH documents: the second one fails
     with pytest.raises(RuntimeError, match="second batch"):
         ingest(
             conn, "broken", read_records(write_jsonl(tmp_path / "a.jsonl", records)), embedder, progress=False
         )
-    assert conn.execute("select count(*) from agentdb_docs.broken").fetchone() == (64,)
+    assert conn.execute("select count(*) from agentdb_docs.broken").fetchone() == (WRITE_BATCH,)
     assert vector_index(conn, "broken") is not None
     doc, plan = nearest(conn, "broken", records[10]["embedding"])
     assert doc == "v10" and "broken_agentdb_embedding_idx" in plan
     assert_lexical_ok(conn, "broken")
+
+
+def test_write_batches_hold_many_documents_with_vectors_and_few_to_embed() -> None:
+    """A write batch takes up to WRITE_BATCH documents that carry their vectors, and ends once EMBED_BATCH of its
+    documents need embedding; every document is written once, in order."""
+    docs = [Document(f"d{i}", "", "text", {}, None if 100 <= i < 300 else [0.0], "f", i) for i in range(1200)]
+    batches = list(_batches(docs))
+    assert [d for b in batches for d in b] == docs
+    # d0..d99 carry vectors, d100..d299 do not, d300..d1199 do
+    assert EMBED_BATCH == 64 and WRITE_BATCH == 512
+    assert [len(b) for b in batches] == [164, 64, 64, 512, 396]
 
 
 def test_a_source_named_with_63_characters_is_loaded_indexed_and_searched(

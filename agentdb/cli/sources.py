@@ -125,6 +125,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
             chunk_size=args.chunk_size,
             chunk_overlap=args.chunk_overlap,
             tenant_field=args.tenant_field,
+            lexical_layout=args.layout,
         )
     for bad in report.skipped:
         print(f"skipped: {bad}", file=sys.stderr)
@@ -238,6 +239,12 @@ def add_parsers(sub: Subparsers) -> None:
         metavar="FIELD",
         help="a string field every document carries (new sources): on a Citus coordinator the source is"
         " distributed by it, so a read whose filter or row filter fixes it goes to one shard",
+    )
+    p.add_argument(
+        "--layout",
+        choices=["rows", "blocks"],
+        help="how a new source keeps its BM25 postings: in blocks of 128 chunks per term (the default on one"
+        " node, read by the accelerator) or one row per term and chunk (the default on a Citus coordinator)",
     )
     p.add_argument(
         "--field",

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psycopg
@@ -245,9 +245,26 @@ def _embedding_input(title: str, chunk: str) -> str:
     return f"{title}\n{chunk}" if title else chunk
 
 
-def _batches(documents: list[Document], size: int) -> Iterator[list[Document]]:
-    for start in range(0, len(documents), size):
-        yield documents[start : start + size]
+# A write batch (one transaction, one COPY) holds up to WRITE_BATCH documents, or fewer once EMBED_BATCH of them
+# need their chunks embedded: the model then sets the pace, and the progress bar moves each time it has embedded
+# a batch. Documents that carry their vectors go in the large batches, where each statement's fixed costs (the
+# lexical triggers' statements, the commit) are shared by more rows: SciFact-text records with their vectors,
+# 20,000 of them, loaded at 600 chunks/s in batches of 64 against 908 in batches of 512 (HNSW build included).
+WRITE_BATCH = 512
+EMBED_BATCH = 64
+
+
+def _batches(documents: list[Document]) -> Iterator[list[Document]]:
+    batch: list[Document] = []
+    to_embed = 0
+    for doc in documents:
+        batch.append(doc)
+        to_embed += doc.embedding is None
+        if len(batch) == WRITE_BATCH or to_embed == EMBED_BATCH:
+            yield batch
+            batch, to_embed = [], 0
+    if batch:
+        yield batch
 
 
 def _check_embedder(source: Source, documents: list[Document], embedder: Embedder | None) -> None:
@@ -286,9 +303,10 @@ def _with_tenant(source: Source, rows: Iterable[tuple[Any, ...]]) -> Iterator[tu
 
 def copy_chunks(cur: psycopg.Cursor[Any], source: Source, rows: Iterable[tuple[Any, ...]]) -> int:
     """Write chunk rows (doc_id, chunk, title, text, Jsonb metadata, vector or None) into a document
-    source's table with one COPY; one statement, so the lexical triggers index them all at once.
-    Returns how many rows were written."""
-    copy = sql.SQL("copy {} ({}) from stdin").format(source.table, _column_list(source))
+    source's table with one COPY; one statement, so the lexical triggers index them all at once. Binary: a
+    vector goes as its 4-byte floats, not formatted as decimal text and parsed back (which took most of the
+    client's time when the records carry their vectors). Returns how many rows were written."""
+    copy = sql.SQL("copy {} ({}) from stdin (format binary)").format(source.table, _column_list(source))
     written = 0
     with cur.copy(copy) as writer:
         writer.set_types([kind for _, kind in _chunk_columns(source)])
@@ -321,12 +339,11 @@ def write_documents(
     documents: list[Document],
     embedder: Embedder | None,
     *,
-    batch_size: int = 64,
     progress: bool = True,
     report: IngestReport | None = None,
     write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> IngestReport:
-    """Chunk, embed and COPY `documents`, one transaction per batch; an existing id is replaced whole.
+    """Chunk, embed and COPY `documents`, one transaction per batch (_batches); an existing id is replaced whole.
     With `write_scope` (a principal's role: its row-level security applies) each batch is written inside
     that scope, with INSERT, since PostgreSQL refuses COPY FROM under row-level security."""
     report = report or IngestReport()
@@ -339,7 +356,7 @@ def write_documents(
     bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"ingest {source.name}")
     started_at, chunks_before = time.perf_counter(), report.chunks
     try:
-        for batch in _batches(documents, batch_size):
+        for batch in _batches(documents):
             rows: list[tuple[Any, ...]] = []
             to_embed: list[int] = []
             texts: list[str] = []
@@ -427,9 +444,11 @@ def ingest(
     check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
     write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
     tenant_field: str | None = None,
+    lexical_layout: Literal["rows", "blocks"] | None = None,
 ) -> IngestReport:
     """Ingest `records` into the document source `source_name` (created on first use when `create`, with
-    `tenant_field` as its tenant field: Source.tenant_field; an existing source must have the one given).
+    `tenant_field` as its tenant field: Source.tenant_field; an existing source must have the one given; and
+    its postings in `lexical_layout`, None for create_document_source's default).
     `skip_bad_option` is how the caller names skip_bad in hints. `check` sees the existing source, the validated documents and the new fields before anything is
     written, and may refuse them (a writer's permissions); `write_scope` is where the batches are written
     (see write_documents)."""
@@ -491,6 +510,7 @@ def ingest(
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
                 tenant_field=tenant_field,
+                lexical_layout=lexical_layout,
             )
             created = True
         except (StorageKindMismatch, psycopg.errors.UniqueViolation):

@@ -68,11 +68,13 @@ def create_document_source(
     bm25_b: float = 0.75,
     chunk_size: int = 256,
     chunk_overlap: int = 32,
-    lexical_layout: Literal["rows", "blocks"] = "rows",
+    lexical_layout: Literal["rows", "blocks"] | None = None,
     tenant_field: str | None = None,
 ) -> Source:
     """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
-    postings are kept in `lexical_layout` ('rows', or 'blocks': see Source.lexical_layout). With
+    postings are kept in `lexical_layout` ('rows' or 'blocks': see Source.lexical_layout), by default blocks
+    (the accelerator's cursor reads them; on the SQL path they answer as fast as rows) but on a Citus
+    coordinator, whose distributed sources keep rows (distribute_source). With
     `tenant_field` (a string metadata field every document must carry) a coordinator distributes it by that
     field (Source.tenant_field); one node records it."""
     check_source_name(name)
@@ -83,6 +85,7 @@ def create_document_source(
     for f in fields:
         if f.name in RESERVED_FIELDS:
             raise InvalidParamValue(f"field name {f.name!r} is reserved", path=f"fields.{f.name}")
+    distributed = on_citus(conn)
     with conn.transaction():
         source = insert_source(
             conn,
@@ -100,8 +103,8 @@ def create_document_source(
                 "bm25_b": bm25_b,
                 "chunk_size": chunk_size,
                 "chunk_overlap": chunk_overlap,
-                "lexical_layout": lexical_layout,
-                "distributed": on_citus(conn),
+                "lexical_layout": lexical_layout or ("rows" if distributed else "blocks"),
+                "distributed": distributed,
                 "tenant_field": tenant_field,
             },
             fields,
