@@ -153,6 +153,10 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
             assert [c.split()[1] for c in cmds] == ["run", "test"], where
             health = httpx.get(f"http://127.0.0.1:{demo['port']}/healthz").json()
             assert health["status"] == "ok", health
+            # ... on the accelerator, which the demo's source (blocks, the default layout) is read by.
+            assert health["lexical_path"] == "accel", health
+            found = json.loads(sh(".venv/bin/agentdb search pgdocs 'vacuum freeze' --mode lexical --json", demo))
+            assert found["hits"] and found["diagnostics"]["parameters"]["lexical_path"] == "accel", found
         elif language == "sh" and cmds[0].startswith("DATABASE_URL="):
             # The external-PostgreSQL example, with the test database's URL for the placeholder one.
             (cmd,) = cmds
