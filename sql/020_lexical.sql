@@ -675,7 +675,8 @@ where s.first_term > (select min(ts.term) from agentdb.term_stats ts where ts.so
 $$;
 
 -- Merge the partly filled blocks of source `source_name` (layout 'blocks') whose terms lie in [term_from,
--- term_to) (a null bound: no bound): every term held in more than 5/4 of the blocks its postings need
+-- term_to) (a null bound: no bound) and, when `terms` is given, are among them (a small write's terms: the
+-- ingestion merges them after it, agentdb.sources.merge.merge_written_terms): every term held in more than 5/4 of the blocks its postings need
 -- (ceil(df / 128)) gets its postings cut again into full blocks in chunk order, and its bounds (max_tf,
 -- min_dl, max_span) recomputed exactly. A term with fewer extra blocks is left as it is: a merge rewrites all
 -- of a term's postings, and a bulk load leaves a partly filled block per term and batch, a few percent more
@@ -689,12 +690,13 @@ $$;
 -- with a plain VACUUM after each: later ranges' new blocks then take the space the ranges before them freed,
 -- instead of growing the table's file by the whole rewritten index.
 create or replace function agentdb.lexical_optimize(source_name text, term_from text default null,
-                                                    term_to text default null,
+                                                    term_to text default null, terms text[] default null,
                                                     out blocks_before bigint, out blocks_after bigint)
 language plpgsql as $$
 declare
     src agentdb.sources;
-    range_sql text := concat(' and b.term >= ' || quote_literal(term_from), ' and b.term < ' || quote_literal(term_to));
+    range_sql text := concat(' and b.term >= ' || quote_literal(term_from), ' and b.term < ' || quote_literal(term_to),
+                             case when terms is not null then ' and b.term = any ($2)' end);
     accel constant boolean := agentdb_internal.lexical_write_accel('merged_blocks');
 begin
     select * into src from agentdb.sources where name = source_name;
@@ -703,7 +705,7 @@ begin
     end if;
     perform 1 from agentdb.corpus_stats c where c.source_id = src.id for share;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
-        into blocks_before using src.id;
+        into blocks_before using src.id, terms;
     -- The terms whose blocks number a quarter more than their postings need are cut again: by the
     -- accelerator's agentdb_accel.merged_blocks from the blocks as they stand (the statement's snapshot, which
     -- its delete does not change), or in SQL from the deleted blocks' postings, a row each
@@ -734,9 +736,9 @@ begin
                          unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
                   from hit h) u
         ), $c$ || agentdb_internal.block_sql('kept', '', true) end)
-        using src.id;
+        using src.id, terms;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
-        into blocks_after using src.id;
+        into blocks_after using src.id, terms;
 end;
 $$;
 

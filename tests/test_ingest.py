@@ -772,6 +772,43 @@ def test_a_failed_load_into_a_new_source_still_builds_its_vector_index(
     assert_lexical_ok(conn, "broken")
 
 
+def test_small_ingestions_into_a_block_source_merge_the_blocks_of_their_terms(
+    conn: psycopg.Connection[Any], embedder: Any, tmp_path: Path
+) -> None:
+    """A source fed one document at a time (each ingestion far below ANALYZE_AFTER_CHUNKS) keeps its terms'
+    blocks merged: each ingestion merges the partly filled blocks of its documents' terms, so a term every
+    document holds stays in the one block its postings need instead of a block per document. A term of other
+    writes (not through ingestion) is left as they cut it."""
+
+    def blocks(term: str) -> list[int]:
+        return [
+            n
+            for (n,) in conn.execute(
+                "select cardinality(tfs) from agentdb.posting_blocks where term = %s order by first_chunk",
+                (term,),
+            )
+        ]
+
+    records = vector_records(40, 11)
+    for i, record in enumerate(records):
+        path = write_jsonl(tmp_path / f"{i}.jsonl", [record | {"text": f"{record['text']} zeta"}])
+        ingest(conn, "drip", read_records(path), embedder, progress=False)
+        assert blocks("zeta") == [i + 1], i
+    assert get_source(conn, "drip").lexical_layout == "blocks"
+    conn.execute(
+        "insert into agentdb_docs.drip (doc_id, chunk, title, text, metadata) values"
+        " ('x1', 0, '', 'omega', '{}'), ('x2', 0, '', 'omega', '{}')"
+    )
+    conn.execute(
+        "insert into agentdb_docs.drip (doc_id, chunk, title, text, metadata) values ('x3', 0, '', 'omega', '{}')"
+    )
+    assert blocks("omega") == [2, 1]
+    path = write_jsonl(tmp_path / "last.jsonl", [records[0] | {"_id": "last", "text": "zeta eta"}])
+    ingest(conn, "drip", read_records(path), embedder, progress=False)
+    assert blocks("zeta") == [41] and blocks("omega") == [2, 1]
+    assert_lexical_ok(conn, "drip")
+
+
 def test_write_batches_hold_many_documents_with_vectors_and_few_to_embed() -> None:
     """A write batch takes up to WRITE_BATCH documents that carry their vectors, and ends once EMBED_BATCH of its
     documents need embedding; every document is written once, in order."""

@@ -155,7 +155,9 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
             assert health["status"] == "ok", health
             # ... on the accelerator, which the demo's source (blocks, the default layout) is read by.
             assert health["lexical_path"] == "accel", health
-            found = json.loads(sh(".venv/bin/agentdb search pgdocs 'vacuum freeze' --mode lexical --json", demo))
+            found = json.loads(
+                sh(".venv/bin/agentdb search pgdocs 'vacuum freeze' --mode lexical --json", demo)
+            )
             assert found["hits"] and found["diagnostics"]["parameters"]["lexical_path"] == "accel", found
         elif language == "sh" and cmds[0].startswith("DATABASE_URL="):
             # The external-PostgreSQL example, with the test database's URL for the placeholder one.

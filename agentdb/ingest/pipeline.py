@@ -42,6 +42,7 @@ from agentdb.sources import (
     drop_vector_index,
     ensure_vector_index,
     get_source,
+    merge_written_terms,
     optimize_source,
     record_embedding_backends,
     unknown_source,
@@ -540,5 +541,7 @@ def ingest(
             ensure_vector_index(conn, source)
     if report.chunks >= ANALYZE_AFTER_CHUNKS:
         analyze_source(conn, source)
+    elif conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+        merge_written_terms(conn, source, [d.doc_id for d in documents])
     report.seconds = time.perf_counter() - started
     return report

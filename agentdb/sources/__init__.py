@@ -30,6 +30,7 @@ from agentdb.sources.merge import (
     MERGE_LOCK_KEY,
     MERGE_SLICES,
     MERGE_WORKERS,
+    merge_written_terms,
     optimize_source,
     rebuild_lexical,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "ensure_vector_index",
     "get_source",
     "list_sources",
+    "merge_written_terms",
     "optimize_source",
     "pending_embeddings",
     "rebuild_lexical",

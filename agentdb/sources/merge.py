@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from agentdb.sources.catalog import get_source
+from agentdb.sources.catalog import Source, get_source
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,37 @@ def optimize_source(
         tables = "agentdb.postings, agentdb.posting_blocks, agentdb.term_stats"
         conn.execute(f"vacuum (analyze, truncate false) {tables}" if vacuum else f"analyze {tables}")
     return before, after
+
+
+def merge_written_terms(conn: psycopg.Connection[Any], source: Source, doc_ids: list[str]) -> tuple[int, int]:
+    """After a small write to a source in the block layout (one that does not merge the whole vocabulary, as a
+    bulk load does through ingest.pipeline.analyze_source): merge the partly filled blocks of the terms of
+    documents `doc_ids`, those held in more than 5/4 of the blocks they need (agentdb.lexical_optimize with its
+    term list), in a transaction of its own. Each write statement cuts its own blocks, so without it a source
+    fed one document at a time would hold a block per posting of each of its rarer terms, and its lookups would
+    read one block per posting. A frequent term is rewritten once a quarter of its blocks are partly filled,
+    a rare one sooner (its blocks are few). Under the source's merge lock (MERGE_LOCK_KEY, held to commit):
+    two such merges of overlapping terms at once could deadlock, so they take turns, and wait for an optimize
+    merging in parallel. Returns the number of those terms' blocks before and after."""
+    from agentdb.db import run_sql
+
+    if source.lexical_layout != "blocks" or not doc_ids:
+        return 0, 0
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, %s)", (MERGE_LOCK_KEY, source.id))
+        (terms,) = conn.execute(
+            sql.SQL(
+                "select coalesce(array_agg(distinct t.lexeme), '{{}}') from {} r"
+                " cross join lateral unnest(r.agentdb_tsv) t where r.doc_id = any(%s)"
+            ).format(source.table),
+            (doc_ids,),
+        ).fetchone() or ([],)
+        ((before, after),) = run_sql(
+            conn,
+            "select * from agentdb.lexical_optimize(source_name => %(s)s, terms => %(t)s)",
+            {"s": source.name, "t": terms},
+        )
+    return int(before), int(after)
 
 
 def compact_block_key(conn: psycopg.Connection[Any]) -> None:
