@@ -167,12 +167,13 @@ def check_vector(vector: object, dim: int, path: str) -> list[float]:
         raise StorageContentError(
             f"embedding has dimension {size} but the source's model has dimension {dim}", path=path
         )
+    finite = StorageContentError("an embedding must contain finite numbers only", path=path)
     try:
         values = np.asarray(vector, dtype=np.float64)
     except OverflowError:  # an integer beyond any float
-        values = np.array([np.inf])
+        raise finite from None
     if not np.isfinite(values).all():
-        raise StorageContentError("an embedding must contain finite numbers only", path=path)
+        raise finite
     return values.tolist()
 
 

@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from agentdb.db.pool import configure
+from agentdb.embed import check_vector
 from agentdb.errors import AgentDBError, InvalidParamValue, StorageContentError, StorageKindMismatch
 from agentdb.ingest.chunking import chunk_text
 from agentdb.ingest.pipeline import EMBED_BATCH, WRITE_BATCH, Document, FieldMap, _batches, ingest
@@ -807,6 +808,33 @@ def test_small_ingestions_into_a_block_source_merge_the_blocks_of_their_terms(
     ingest(conn, "drip", read_records(path), embedder, progress=False)
     assert blocks("zeta") == [41] and blocks("omega") == [2, 1]
     assert_lexical_ok(conn, "drip")
+
+
+@pytest.mark.parametrize(
+    ("vector", "message"),
+    [
+        ([1.0, 2.0, 10**400], "finite numbers only"),  # an integer beyond any float (and 64 bits)
+        ([1.0, 2.0, float("nan")], "finite numbers only"),
+        ([1.0, True, 2.0], "array of numbers"),
+        ([[1.0], [2.0], [3.0]], "array of numbers"),  # nested
+        ([1.0, 2.0, "3\u0000"], "array of numbers"),
+        ([1.0, 2.0, "\ud800"], "array of numbers"),  # a lone surrogate
+        (np.array([["1", "2", "3"]]), "array of numbers"),
+        (np.ones((3, 1)), "array of numbers"),
+        ({"a": 1.0, "b": 2.0, "c": 3.0}, "array of numbers"),
+        ([1.0, 2.0], "dimension 2"),
+    ],
+)
+def test_a_hostile_vector_is_a_clear_error(vector: Any, message: str) -> None:
+    """check_vector, which every user-supplied vector passes (ingestion, memory records and entities)."""
+    with pytest.raises(StorageContentError, match=message) as raised:
+        check_vector(vector, 3, "records[0].embedding")
+    assert raised.value.path == "records[0].embedding"
+
+
+def test_a_vector_of_numbers_is_kept_as_floats() -> None:
+    assert check_vector([1, 2**70, 0.5], 3, "e") == [1.0, float(2**70), 0.5]
+    assert check_vector(np.array([1, 2, 3], dtype=np.int64), 3, "e") == [1.0, 2.0, 3.0]
 
 
 def test_write_batches_hold_many_documents_with_vectors_and_few_to_embed() -> None:
