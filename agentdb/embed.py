@@ -150,9 +150,11 @@ def _load_onnx(model_name: str, cache_dir: Path) -> Embedder:
     return OnnxMiniLMEmbedder(model_name, cache_dir)
 
 
-def check_vector(vector: object, dim: int, path: str) -> list[float]:
-    """A user-supplied vector, accepted as it is once its shape and dimension are checked. The element check
-    looks at each distinct element type once (a vector has one or two: int and float), not at every element."""
+def check_vector(vector: object, dim: int, path: str) -> np.ndarray:
+    """A user-supplied vector as the float4 values pgvector stores, once its shape, dimension and values are
+    checked. Kept as a float32 array, 1.5 KB for 384 dimensions where a list of Python floats takes 12 KB: an
+    ingestion holds every document's vector from its check until the write. The element check looks at each
+    distinct element type once (a vector has one or two: int and float), not at every element."""
     if isinstance(vector, np.ndarray):
         numbers = vector.ndim == 1 and vector.dtype.kind in "iuf"
     elif isinstance(vector, list | tuple):
@@ -167,14 +169,17 @@ def check_vector(vector: object, dim: int, path: str) -> list[float]:
         raise StorageContentError(
             f"embedding has dimension {size} but the source's model has dimension {dim}", path=path
         )
-    finite = StorageContentError("an embedding must contain finite numbers only", path=path)
+    finite = StorageContentError(
+        "an embedding must contain finite numbers only, within float4's range (about 3.4e38)", path=path
+    )
     try:
-        values = np.asarray(vector, dtype=np.float64)
+        with np.errstate(over="ignore"):  # beyond float4's range is infinite, refused below
+            values = np.asarray(vector, dtype=np.float32)
     except OverflowError:  # an integer beyond any float
         raise finite from None
     if not np.isfinite(values).all():
         raise finite
-    return values.tolist()
+    return values
 
 
 def check_model(source_model: str, query_model: str, source_name: str) -> None:

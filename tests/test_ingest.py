@@ -815,6 +815,8 @@ def test_small_ingestions_into_a_block_source_merge_the_blocks_of_their_terms(
     [
         ([1.0, 2.0, 10**400], "finite numbers only"),  # an integer beyond any float (and 64 bits)
         ([1.0, 2.0, float("nan")], "finite numbers only"),
+        ([1.0, 2.0, 1e39], "within float4's range"),  # finite as a double, infinite as pgvector's float4
+        ([1.0, 2.0, 2**200], "within float4's range"),
         ([1.0, True, 2.0], "array of numbers"),
         ([[1.0], [2.0], [3.0]], "array of numbers"),  # nested
         ([1.0, 2.0, "3\u0000"], "array of numbers"),
@@ -832,9 +834,14 @@ def test_a_hostile_vector_is_a_clear_error(vector: Any, message: str) -> None:
     assert raised.value.path == "records[0].embedding"
 
 
-def test_a_vector_of_numbers_is_kept_as_floats() -> None:
-    assert check_vector([1, 2**70, 0.5], 3, "e") == [1.0, float(2**70), 0.5]
-    assert check_vector(np.array([1, 2, 3], dtype=np.int64), 3, "e") == [1.0, 2.0, 3.0]
+def test_a_vector_of_numbers_is_kept_as_the_float4_values_pgvector_stores() -> None:
+    for vector, expected in [
+        ([1, 2**70, 0.5], [1.0, float(2**70), 0.5]),
+        (np.array([1, 2, 3], dtype=np.int64), [1.0, 2.0, 3.0]),
+        ([0.1, -3.4e38, 1e-50], [float(np.float32(0.1)), float(np.float32(-3.4e38)), 0.0]),
+    ]:
+        kept = check_vector(vector, 3, "e")
+        assert kept.dtype == np.float32 and kept.tolist() == expected
 
 
 def test_write_batches_hold_many_documents_with_vectors_and_few_to_embed() -> None:

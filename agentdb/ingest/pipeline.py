@@ -71,7 +71,7 @@ class Document:
     title: str
     text: str
     metadata: dict[str, Any]
-    embedding: list[float] | None
+    embedding: np.ndarray | None  # float32, checked (agentdb.embed.check_vector)
     file: str
     line: int
 
@@ -370,7 +370,7 @@ def write_documents(
                             doc.title,
                             doc.text,
                             Jsonb(doc.metadata),
-                            np.asarray(doc.embedding, dtype=np.float32),
+                            doc.embedding,
                         )
                     )
                     continue

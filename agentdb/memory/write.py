@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -114,7 +115,7 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-def _vector_text(values: Sequence[float]) -> str:
+def _vector_text(values: Sequence[float] | np.ndarray) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
 
 
