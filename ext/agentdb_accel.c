@@ -9,21 +9,23 @@
  *
  * The caller (agentdb_internal.bm25_accel, sql/025_accel.sql) passes each query term with its weight
  * wk = idf x (k1 + 1) and its statistics as the SQL side read them, so both paths score with one definition:
- * a chunk holding term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl), evaluated in that order.
+ * a chunk holding term t adds wk_t * tf / (tf + k1 * (1 - b) + k1 * b / avgdl * dl), evaluated in that order,
+ * and a chunk's contributions are summed in descending order of the terms' bounds.
  *
- * Top k by MaxScore, term at a time. Each term's contribution is at most ub_t (at its max_tf and min_dl).
- * Terms are taken in descending ub; their postings are summed into an accumulator while the bounds of the
- * terms not taken yet sum to at least theta, the k-th best partial score (a chunk none of the terms taken so
- * far holds could still rank). The remaining terms can only add to chunks already held: those whose score
- * plus the remaining bounds reach theta stay candidates, and each remaining term is added to them, by a scan
- * of its postings that skips blocks holding no candidate (on the index tuple) or unable to lift one to theta
- * (on the block's max_tf and min_dl), or by one index probe a candidate when they are few beside the term's
- * postings. The accumulator is an array of partial scores in pages of consecutive chunk ids while the
- * essential terms are summed; theta after each is found among the best k chunks that term reached (a heap
- * kept as it is summed) and the best k before it. The candidates leave the accumulator once, as an array in
- * chunk order (its pages in order), which each scan merges with the blocks' postings and each pruning
- * compacts in place. The result is the k best chunks by (score desc, chunk id) among every chunk holding a
- * query term, visible to the caller's filters or not: the caller applies them.
+ * Top k by MaxScore over windows of chunk ids, as Lucene's MaxScore scorer runs it. Each term's contribution
+ * is at most ub_t (at its max_tf and min_dl). Sorted by ub, the terms whose bounds sum below theta (the k-th
+ * best full score so far) are non-essential: a chunk holding none of the others cannot rank. The chunk ids are
+ * taken a window of WINDOW consecutive ids at a time, from the lowest id an essential term still holds: every
+ * posting of the essential terms in the window is summed into a dense array of partial scores (which stays in
+ * cache however large the corpus); the chunks whose partial score plus the non-essential bounds reaches theta
+ * are candidates; each non-essential term, highest bound first, is added to the candidates still able to reach
+ * theta, reading only its blocks that hold one (on the index tuple's first chunk and the term's max_span, then
+ * the row's last chunk and the block's own bound at its max_tf and min_dl); the candidates then hold full
+ * scores and offer themselves to the best k, theta rises, and terms leave the essential set. Each term is read
+ * forward only, by one index scan in chunk order. Against summing term at a time into an accumulator over the
+ * whole id space, theta is a full score from the first window on, and no posting is a cache miss
+ * (bench/LOG.md, 2026-12-04, night). The result is the k best chunks by (score desc, chunk id) among every
+ * chunk holding a query term, visible to the caller's filters or not: the caller applies them.
  *
  * Everything is allocated in a memory context of the call, deleted before it returns; nothing outlives it.
  */
@@ -69,81 +71,13 @@ PG_FUNCTION_INFO_V1(agentdb_accel_merged_blocks);
 #define BLOCK 128
 
 /*
- * A remaining term is added to the candidates by one index probe each while they number less than
- * 1/PROBE_SHARE of its postings, else by a scan of its postings. A probe (a btree descent, the rows of the
- * blocks its range covers) costs far more than a block a scan passes over on its index tuple, so scans win
- * down to few candidates (bench/LOG.md, 2026-12-03).
+ * The cursor scores up to WINDOW consecutive chunk ids at a time (their partial scores take 128 KB); the first
+ * window takes FIRST_WINDOW ids, and each next one twice as many up to WINDOW: theta, nothing while fewer than k
+ * chunks have full scores, rises after the first few chunks, before most postings are summed.
  */
-#define PROBE_SHARE 1024
-
-/*
- * The accumulator: chunk id -> partial score, in pages of ACC_PAGE consecutive ids made as postings first reach
- * them. A term's postings come in ascending ids, so consecutive ones mostly fall in the page of the one before
- * (no hashing), and the pages read in order give the held chunks in chunk order (no sorting).
- */
-#define ACC_PAGE_BITS 12
-#define ACC_PAGE (1 << ACC_PAGE_BITS)
-
-typedef struct AccData
-{
-	double		score[ACC_PAGE];
-	uint16		stamp[ACC_PAGE];	/* 1 + the last term that added to the chunk; 0: no term yet */
-	uint64		member[ACC_PAGE / 64];	/* bit o: chunk o has a score (its stamp is not 0) */
-} AccData;
-
-typedef struct AccPage
-{
-	int64		pageno;			/* cid >> ACC_PAGE_BITS */
-	AccData    *data;
-	char		status;
-} AccPage;
-
-#define SH_PREFIX accpage
-#define SH_ELEMENT_TYPE AccPage
-#define SH_KEY_TYPE int64
-#define SH_KEY pageno
-#define SH_HASH_KEY(tb, key) ((uint32) murmurhash64((uint64) (key)))
-#define SH_EQUAL(tb, a, b) ((a) == (b))
-#define SH_SCOPE static inline
-#define SH_DECLARE
-#define SH_DEFINE
-#include "lib/simplehash.h"
-
-typedef struct Acc
-{
-	accpage_hash *pages;
-	MemoryContext cxt;
-	int64		last_pageno;	/* the page a posting last reached, and its data */
-	AccData    *last;
-	int64		members;		/* chunks with a partial score */
-} Acc;
-
-#if defined(__GNUC__) || defined(__clang__)
-#define prefetch_for_write(addr) __builtin_prefetch((addr), 1)
-#else
-#define prefetch_for_write(addr) ((void) (addr))
-#endif
-
-/* The page of chunk ids pageno << ACC_PAGE_BITS and on, made (no chunk stamped) when absent. */
-static inline AccData *
-acc_page(Acc *a, int64 pageno)
-{
-	if (pageno != a->last_pageno)
-	{
-		bool		found;
-		AccPage    *page = accpage_insert(a->pages, pageno, &found);
-
-		if (!found)
-		{
-			page->data = MemoryContextAlloc(a->cxt, sizeof(AccData));
-			memset(page->data->stamp, 0, sizeof(page->data->stamp));
-			memset(page->data->member, 0, sizeof(page->data->member));
-		}
-		a->last_pageno = pageno;
-		a->last = page->data;
-	}
-	return a->last;
-}
+#define WINDOW_BITS 14
+#define WINDOW (1 << WINDOW_BITS)
+#define FIRST_WINDOW 1024
 
 typedef struct QueryTerm
 {
@@ -173,7 +107,6 @@ typedef struct Postings
 	Snapshot	snapshot;
 	TupleTableSlot *slot;
 	IndexScanDesc term_scan;	/* source_id = and term = */
-	IndexScanDesc probe_scan;	/* and the blocks that may hold a chunk */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
 	AttrNumber	att_max_tf;
@@ -260,9 +193,6 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
 	p->term_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
-	/* A scan may skip a block on its index tuple's first_chunk, without reading the block's row. */
-	p->term_scan->xs_want_itup = true;
-	p->probe_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 4, 0);
 	p->scratch = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel block", ALLOCSET_SMALL_SIZES);
 }
 
@@ -270,7 +200,6 @@ static void
 postings_close(Postings *p)
 {
 	index_endscan(p->term_scan);
-	index_endscan(p->probe_scan);
 	ExecDropSingleTupleTableSlot(p->slot);
 	index_close(p->index, AccessShareLock);
 	table_close(p->heap, AccessShareLock);
@@ -371,6 +300,57 @@ read_block(Postings *p, PostingBlock *out)
 	MemoryContextReset(p->scratch);
 }
 
+/*
+ * A block's postings put in chunk order, where a write through the SQL statements stored them in another (an
+ * insertion sort: rare, and at most BLOCK postings).
+ */
+static void
+sort_block(PostingBlock *b)
+{
+	int			i;
+	int			j;
+
+	for (i = 1; i < b->n; i++)
+	{
+		int64		cid = b->cid[i];
+		int32		tf = b->tf[i];
+		int32		dl = b->dl[i];
+
+		if (cid >= b->cid[i - 1])
+			continue;
+		for (j = i; j > 0 && b->cid[j - 1] > cid; j--)
+		{
+			b->cid[j] = b->cid[j - 1];
+			b->tf[j] = b->tf[j - 1];
+			b->dl[j] = b->dl[j - 1];
+		}
+		b->cid[j] = cid;
+		b->tf[j] = tf;
+		b->dl[j] = dl;
+	}
+}
+
+/* Call `visit` on every block of term t's postings, in the index's order. */
+typedef void (*BlockVisitor) (void *arg, QueryTerm *t, const PostingBlock *block);
+
+static void
+scan_term(Postings *p, QueryTerm *t, BlockVisitor visit, void *arg)
+{
+	IndexScanDesc scan = p->term_scan;
+	ScanKeyData keys[2];
+	PostingBlock *block = palloc(sizeof(PostingBlock));
+
+	term_keys(p, keys, t);
+	index_rescan(scan, keys, 2, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, p->slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		read_block(p, block);
+		visit(arg, t, block);
+	}
+	pfree(block);
+}
+
 /* A chunk and its score. */
 typedef struct Hit
 {
@@ -398,21 +378,6 @@ lower_bound(const Hit *hits, int64 n, int64 cid)
 }
 
 /*
- * Whether a chunk of [lo, hi] is among the candidates `cands` (n of them, sorted by chunk id); none given:
- * always.
- */
-static inline bool
-range_holds(const Hit *cands, int64 n, int64 lo, int64 hi)
-{
-	int64		l;
-
-	if (cands == NULL)
-		return true;
-	l = lower_bound(cands, n, lo);
-	return l < n && cands[l].cid <= hi;
-}
-
-/*
  * Whether a candidate among `cands` (n of them, sorted by chunk id) in [lo, hi] reaches theta with `add` added
  * to its score.
  */
@@ -425,300 +390,6 @@ may_reach(const Hit *cands, int64 n, int64 lo, int64 hi, double add, double thet
 		if (cands[l].score + add >= theta)
 			return true;
 	return false;
-}
-
-/*
- * What a scan of a remaining term skips: the blocks that hold none of the candidates `cands` (sorted by chunk
- * id), and those whose largest contribution (at the block's max_tf and min_dl) cannot lift any candidate they
- * may hold to theta, with `rest` (the bounds of the terms after it) added. A candidate a skipped block leaves
- * short of the term's contribution cannot reach theta: the next pruning drops it, or the final cut does, and
- * theta, the k-th best of scores that are all at most the chunks' true ones, never exceeds the true k-th best.
- */
-typedef struct Skip
-{
-	const Hit  *cands;
-	int64		n;
-	double		theta;
-	double		rest;
-} Skip;
-
-/*
- * Call `visit` on every block of term t's postings, but those `skip` (when given) skips undecoded. A block holds
- * chunks of [first_chunk, first_chunk + max_span]: a block none of whose candidates lie there is skipped on
- * its index tuple, without reading its row.
- */
-typedef void (*BlockVisitor) (void *arg, QueryTerm *t, const PostingBlock *block);
-
-static void
-scan_term(Postings *p, QueryTerm *t, const Skip *skip, BlockVisitor visit, void *arg)
-{
-	IndexScanDesc scan = p->term_scan;
-	ScanKeyData keys[2];
-	PostingBlock *block = palloc(sizeof(PostingBlock));
-	bool		isnull;
-
-	term_keys(p, keys, t);
-	index_rescan(scan, keys, 2, NULL, 0);
-	while (index_getnext_tid(scan, ForwardScanDirection) != NULL)
-	{
-		CHECK_FOR_INTERRUPTS();
-		if (skip != NULL)
-		{
-			int64		first = DatumGetInt64(index_getattr(scan->xs_itup, 3, scan->xs_itupdesc, &isnull));
-
-			if (!range_holds(skip->cands, skip->n, first, first + t->max_span))
-				continue;
-		}
-		if (!index_fetch_heap(scan, p->slot))
-			continue;			/* no version of the row visible to the snapshot */
-		if (skip != NULL)
-		{
-			double		add = contribution(p, t->wk,
-										   DatumGetInt32(slot_getattr(p->slot, p->att_max_tf, &isnull)),
-										   DatumGetInt32(slot_getattr(p->slot, p->att_min_dl, &isnull))) +
-				skip->rest;
-			int64		first = DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull));
-			int64		last = DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull));
-
-			if (!may_reach(skip->cands, skip->n, first, last, add, skip->theta))
-				continue;
-		}
-		read_block(p, block);
-		visit(arg, t, block);
-	}
-	pfree(block);
-}
-
-/* Term t's contribution to chunk `cid`, or 0 when the chunk does not hold it: one index probe. */
-static double
-probe(Postings *p, QueryTerm *t, int64 cid, PostingBlock *block)
-{
-	ScanKeyData keys[4];
-	bool		isnull;
-
-	term_keys(p, keys, t);
-	ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(cid - t->max_span));
-	ScanKeyInit(&keys[3], 3, BTLessEqualStrategyNumber, F_INT8LE, Int64GetDatum(cid));
-	index_rescan(p->probe_scan, keys, 4, NULL, 0);
-	while (index_getnext_slot(p->probe_scan, ForwardScanDirection, p->slot))
-	{
-		int			i;
-
-		CHECK_FOR_INTERRUPTS();
-		if (DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull)) < cid)
-			continue;
-		read_block(p, block);
-		for (i = 0; i < block->n; i++)
-		{
-			CHECK_FOR_INTERRUPTS();
-			if (block->cid[i] == cid)
-				return contribution(p, t->wk, block->tf[i], block->dl[i]);
-		}
-	}
-	return 0;
-}
-
-/*
- * What an essential term's postings add to, and the best k chunks it reached: a min-heap by score of at most k
- * of them, each with its score as the term first reached it (lower than the chunk's score after the term only
- * where the chunk had two postings of the term). A posting that does not beat the heap's least score once it
- * holds k costs one comparison.
- */
-typedef struct Accumulate
-{
-	Acc		   *acc;
-	Postings   *p;
-	uint16		stamp;			/* the term's stamp */
-	int64		k;
-	Hit		   *best;			/* best[0]: the least score of the heap */
-	int64		nbest;
-	int64		cap;
-} Accumulate;
-
-/* Offer chunk cid, of this score, to the heap of the best k. */
-static void
-offer_best(Accumulate *a, int64 cid, double score)
-{
-	Hit		   *h = a->best;
-	int64		i;
-
-	if (a->nbest < a->k)
-	{
-		if (a->nbest == a->cap)
-		{
-			a->cap = Min(a->cap * 2, a->k);
-			h = a->best = repalloc_huge(a->best, sizeof(Hit) * a->cap);
-		}
-		/* sift up */
-		for (i = a->nbest++; i > 0 && h[(i - 1) / 2].score > score; i = (i - 1) / 2)
-			h[i] = h[(i - 1) / 2];
-		h[i].cid = cid;
-		h[i].score = score;
-		return;
-	}
-	if (score <= h[0].score)
-		return;
-	/* the least gives way: sift down */
-	for (i = 0;;)
-	{
-		int64		c = 2 * i + 1;
-
-		if (c >= a->nbest)
-			break;
-		if (c + 1 < a->nbest && h[c + 1].score < h[c].score)
-			c++;
-		if (h[c].score >= score)
-			break;
-		h[i] = h[c];
-		i = c;
-	}
-	h[i].cid = cid;
-	h[i].score = score;
-}
-
-/*
- * Essential terms: every posting adds to the accumulator. A block's postings fall far apart in it at a million
- * chunks (each a cache miss), so their slots are first looked up and asked of memory all at once, then added to.
- */
-static void
-accumulate(void *arg, QueryTerm *t, const PostingBlock *block)
-{
-	Accumulate *a = arg;
-	AccData    *pages[BLOCK];
-	int			i;
-
-	for (i = 0; i < block->n; i++)
-	{
-		int64		cid = block->cid[i];
-		int			o = (int) (cid & (ACC_PAGE - 1));
-
-		pages[i] = acc_page(a->acc, cid >> ACC_PAGE_BITS);
-		prefetch_for_write(&pages[i]->score[o]);
-		prefetch_for_write(&pages[i]->stamp[o]);
-	}
-	for (i = 0; i < block->n; i++)
-	{
-		int64		cid = block->cid[i];
-		AccData    *d = pages[i];
-		int			o = (int) (cid & (ACC_PAGE - 1));
-		double		c = contribution(a->p, t->wk, block->tf[i], block->dl[i]);
-
-		if (d->stamp[o] == 0)
-		{
-			d->score[o] = c;
-			d->member[o >> 6] |= UINT64CONST(1) << (o & 63);
-			a->acc->members++;
-		}
-		else
-			d->score[o] += c;
-		if (d->stamp[o] != a->stamp)
-		{
-			d->stamp[o] = a->stamp;
-			if (a->nbest < a->k || d->score[o] > a->best[0].score)
-				offer_best(a, cid, d->score[o]);
-		}
-	}
-}
-
-/*
- * The chunks still in play once the essential terms are summed, sorted by chunk id, with their scores so far:
- * the remaining terms add to them by a merge of each block's postings with this array (no hashing), and
- * pruning keeps them in order (no sorting).
- */
-typedef struct Held
-{
-	Hit		   *hit;
-	int64		n;
-	Postings   *p;
-} Held;
-
-/*
- * Remaining terms: postings add to the held chunks only. A block's chunk ids usually ascend (a write through
- * the SQL statements may store them in another order), so the position in the held array moves forward along
- * the block, and is searched again when an id comes lower than the one before.
- */
-static void
-add_to_held(void *arg, QueryTerm *t, const PostingBlock *block)
-{
-	Held	   *h = arg;
-	int64		pos = lower_bound(h->hit, h->n, block->cid[0]);
-	int			i;
-
-	for (i = 0; i < block->n; i++)
-	{
-		int64		cid = block->cid[i];
-
-		if (i > 0 && cid < block->cid[i - 1])
-			pos = lower_bound(h->hit, h->n, cid);
-		while (pos < h->n && h->hit[pos].cid < cid)
-			pos++;
-		if (pos < h->n && h->hit[pos].cid == cid)
-			h->hit[pos].score += contribution(h->p, t->wk, block->tf[i], block->dl[i]);
-	}
-}
-
-/*
- * The k-th largest score of hits[0..n) (n >= k >= 1); reorders the array so that its first k are the k
- * largest.
- */
-static double
-kth_hit(Hit *s, int64 n, int64 k)
-{
-	int64		lo = 0;
-	int64		hi = n - 1;
-	int64		target = k - 1;
-
-	while (lo < hi)
-	{
-		double		pivot = s[lo + (hi - lo) / 2].score;
-		int64		i = lo;
-		int64		j = hi;
-
-		CHECK_FOR_INTERRUPTS();
-		while (i <= j)
-		{
-			while (s[i].score > pivot)
-				i++;
-			while (s[j].score < pivot)
-				j--;
-			if (i <= j)
-			{
-				Hit			x = s[i];
-
-				s[i] = s[j];
-				s[j] = x;
-				i++;
-				j--;
-			}
-		}
-		if (target <= j)
-			hi = j;
-		else if (target >= i)
-			lo = i;
-		else
-			break;
-	}
-	return s[target].score;
-}
-
-/* A buffer of hits grown to hold n or more (its contents are not kept). */
-typedef struct HitBuf
-{
-	Hit		   *hit;
-	int64		cap;
-} HitBuf;
-
-static Hit *
-hit_buf(HitBuf *b, int64 n)
-{
-	if (n > b->cap)
-	{
-		if (b->hit != NULL)
-			pfree(b->hit);
-		b->cap = Max(n, 2 * b->cap);
-		b->hit = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(Hit) * b->cap);
-	}
-	return b->hit;
 }
 
 /*
@@ -744,44 +415,6 @@ below(double kth)
 	return kth * (1 - 1e-9) - 1 / SCORE_GRID;
 }
 
-/*
- * theta once an essential term is summed (`a`, the best k chunks it reached): the k-th best partial score. The
- * best k now are among the best k the term reached and the best k before it (any other kept its score, below
- * those k), so the best k before it that the term did not reach join the heap; top[0..*ntop) (room for k)
- * becomes the best k now.
- */
-static double
-essential_theta(Accumulate *a, int64 *top, int64 *ntop)
-{
-	int64		i;
-
-	for (i = 0; i < *ntop; i++)
-	{
-		AccData    *d = acc_page(a->acc, top[i] >> ACC_PAGE_BITS);
-		int			o = (int) (top[i] & (ACC_PAGE - 1));
-
-		if (d->stamp[o] != a->stamp)
-			offer_best(a, top[i], d->score[o]);
-	}
-	*ntop = a->nbest;
-	for (i = 0; i < a->nbest; i++)
-		top[i] = a->best[i].cid;
-	return a->nbest < a->k ? 0 : below(a->best[0].score);
-}
-
-/* theta over the held chunks. */
-static double
-held_threshold(const Held *h, int64 k, HitBuf *buf)
-{
-	Hit		   *hits;
-
-	if (h->n < k)
-		return 0;
-	hits = hit_buf(buf, h->n);
-	memcpy(hits, h->hit, sizeof(Hit) * h->n);
-	return below(kth_hit(hits, h->n, k));
-}
-
 static int
 hit_order(const void *a, const void *b)
 {
@@ -793,6 +426,7 @@ hit_order(const void *a, const void *b)
 	return x->cid < y->cid ? -1 : (x->cid > y->cid ? 1 : 0);
 }
 
+/* Ascending bound (then descending df): the order in which terms become non-essential. */
 static int
 term_order(const void *a, const void *b)
 {
@@ -800,76 +434,367 @@ term_order(const void *a, const void *b)
 	const QueryTerm *y = b;
 
 	if (x->ub != y->ub)
-		return x->ub > y->ub ? -1 : 1;
-	return x->df < y->df ? -1 : (x->df > y->df ? 1 : 0);
-}
-
-static int
-page_order(const void *a, const void *b)
-{
-	int64		x = (*(AccPage *const *) a)->pageno;
-	int64		y = (*(AccPage *const *) b)->pageno;
-
-	return x < y ? -1 : (x > y ? 1 : 0);
+		return x->ub < y->ub ? -1 : 1;
+	return x->df > y->df ? -1 : (x->df < y->df ? 1 : 0);
 }
 
 /*
- * The chunks of the accumulator whose score plus `bound` reaches theta, in chunk order (its pages in order, each
- * page's chunks by its bitmap of members: the scores of chunks never reached are not read).
+ * A block of a term met by its cursor: known by its index tuple (its first chunk, its row's TID) until a
+ * window needs its row, which gives its last chunk and its bound; decoded when a window needs its postings.
  */
-static void
-hold(Acc *a, double bound, double theta, Held *h)
+typedef struct Entry
 {
-	accpage_iterator it;
-	AccPage    *page;
-	AccPage   **pages = palloc(sizeof(AccPage *) * Max(a->pages->members, 1));
-	int64		npages = 0;
-	int64		i;
+	ItemPointerData tid;
+	int64		first;
+	int64		last;			/* first + the term's max_span until the row is read */
+	double		bound;			/* the term's ub until the row is read, then at the block's max_tf and min_dl */
+	bool		read;
+	PostingBlock *block;		/* its postings in chunk order once decoded, else NULL */
+	int			pos;			/* the first of them no window has passed yet */
+} Entry;
 
-	accpage_start_iterate(a->pages, &it);
-	while ((page = accpage_iterate(a->pages, &it)) != NULL)
-		pages[npages++] = page;
-	qsort(pages, npages, sizeof(AccPage *), page_order);
-	h->hit = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(Hit) * Max(a->members, 1));
-	h->n = 0;
-	for (i = 0; i < npages; i++)
+/*
+ * One term's postings read forward: an index scan on (source_id, term) in first-chunk order, the tuple it
+ * stands on (next_tid, next_first) while `more`, and the blocks met before it that may still hold chunks of
+ * the windows to come.
+ */
+typedef struct TermCursor
+{
+	QueryTerm	t;
+	IndexScanDesc scan;
+	bool		more;
+	ItemPointerData next_tid;
+	int64		next_first;
+	Entry	   *entries;		/* in first-chunk order */
+	int			n;
+	int			cap;
+} TermCursor;
+
+/* The scan's next index tuple, or more = false at its end. */
+static void
+cursor_step(TermCursor *c)
+{
+	ItemPointer tid = index_getnext_tid(c->scan, ForwardScanDirection);
+	bool		isnull;
+
+	c->more = tid != NULL;
+	if (c->more)
 	{
-		const AccData *d = pages[i]->data;
-		int			w;
-
-		CHECK_FOR_INTERRUPTS();
-		for (w = 0; w < ACC_PAGE / 64; w++)
-		{
-			uint64		bits = d->member[w];
-
-			while (bits != 0)
-			{
-				int			o = w * 64 + pg_rightmost_one_pos64(bits);
-
-				bits &= bits - 1;
-				if (d->score[o] + bound >= theta)
-				{
-					h->hit[h->n].cid = pages[i]->pageno * ACC_PAGE + o;
-					h->hit[h->n].score = d->score[o];
-					h->n++;
-				}
-			}
-		}
+		c->next_tid = *tid;
+		c->next_first = DatumGetInt64(index_getattr(c->scan->xs_itup, 3, c->scan->xs_itupdesc, &isnull));
 	}
-	pfree(pages);
 }
 
-/* Drop the held chunks whose score plus `bound` stays below theta, keeping the others in order. */
 static void
-prune_held(Held *h, double bound, double theta)
+cursor_open(Postings *p, TermCursor *c)
+{
+	ScanKeyData keys[2];
+
+	c->scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
+	c->scan->xs_want_itup = true;	/* a block is met on its index tuple's first_chunk, its row read later */
+	term_keys(p, keys, &c->t);
+	index_rescan(c->scan, keys, 2, NULL, 0);
+	c->n = 0;
+	c->cap = 16;
+	c->entries = palloc(sizeof(Entry) * c->cap);
+	cursor_step(c);
+}
+
+/* The blocks whose first chunk lies below hi become entries. */
+static void
+cursor_pull(TermCursor *c, int64 hi)
+{
+	while (c->more && c->next_first < hi)
+	{
+		Entry	   *e;
+
+		CHECK_FOR_INTERRUPTS();
+		if (c->n == c->cap)
+		{
+			c->cap *= 2;
+			c->entries = repalloc_huge(c->entries, sizeof(Entry) * c->cap);
+		}
+		e = &c->entries[c->n++];
+		e->tid = c->next_tid;
+		e->first = c->next_first;
+		e->last = c->next_first + c->t.max_span;
+		e->bound = c->t.ub;
+		e->read = false;
+		e->block = NULL;
+		e->pos = 0;
+		cursor_step(c);
+	}
+}
+
+/* Entry e's row into p->slot; false when no version of it is visible to the snapshot. */
+static bool
+fetch_row(Postings *p, TermCursor *c, Entry *e)
+{
+	bool		call_again = false;
+	bool		all_dead = false;
+
+	return table_index_fetch_tuple(c->scan->xs_heapfetch, &e->tid, p->snapshot, p->slot, &call_again,
+								   &all_dead);
+}
+
+/* Entry e's row read (false: none visible): its last chunk and bound; the row stays in p->slot. */
+static bool
+read_row(Postings *p, TermCursor *c, Entry *e)
+{
+	bool		isnull;
+
+	if (!fetch_row(p, c, e))
+		return false;
+	e->last = DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull));
+	e->bound = contribution(p, c->t.wk, DatumGetInt32(slot_getattr(p->slot, p->att_max_tf, &isnull)),
+							DatumGetInt32(slot_getattr(p->slot, p->att_min_dl, &isnull)));
+	e->read = true;
+	return true;
+}
+
+/* Entry e's postings decoded; its row is in p->slot when `in_slot`, else fetched again. */
+static void
+decode(Postings *p, TermCursor *c, Entry *e, bool in_slot)
+{
+	if (!in_slot && !fetch_row(p, c, e))
+		malformed_block(p);		/* visible once under this snapshot, so always */
+	e->block = palloc(sizeof(PostingBlock));
+	read_block(p, e->block);
+	sort_block(e->block);
+	/* Windows index their scores by chunk id: a posting outside the row's own range would fall outside one. */
+	if (e->block->n > 0 && (e->block->cid[0] < e->first || e->block->cid[e->block->n - 1] > e->last))
+		malformed_block(p);
+	e->pos = 0;
+}
+
+/* The lowest chunk id term c may still hold, or PG_INT64_MAX. */
+static int64
+cursor_next(const TermCursor *c)
+{
+	int64		next = c->more ? c->next_first : PG_INT64_MAX;
+	int			i;
+
+	for (i = 0; i < c->n; i++)
+	{
+		const Entry *e = &c->entries[i];
+		int64		cid = e->block != NULL ? e->block->cid[e->pos] : e->first;
+
+		next = Min(next, cid);
+	}
+	return next;
+}
+
+/* The window [lo, hi), hi - lo <= WINDOW: the partial scores of its chunks and which of them a posting reached. */
+typedef struct Window
+{
+	int64		lo;
+	int64		hi;
+	double		score[WINDOW];
+	uint64		reached[WINDOW / 64];
+} Window;
+
+/* An essential term: each of its postings in the window adds to the window's scores. */
+static void
+add_essential(Postings *p, TermCursor *c, Window *w)
+{
+	int64		hi = w->hi;
+	int			i;
+	int			n = 0;
+
+	cursor_pull(c, hi);
+	for (i = 0; i < c->n; i++)
+	{
+		Entry	   *e = &c->entries[i];
+		PostingBlock *b;
+
+		CHECK_FOR_INTERRUPTS();
+		if (e->block == NULL)
+		{
+			if (!read_row(p, c, e))
+				continue;
+			decode(p, c, e, true);
+		}
+		b = e->block;
+		for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
+		{
+			int			o = (int) (b->cid[e->pos] - w->lo);
+
+			w->score[o] += contribution(p, c->t.wk, b->tf[e->pos], b->dl[e->pos]);
+			w->reached[o >> 6] |= UINT64CONST(1) << (o & 63);
+		}
+		if (e->pos < b->n)
+			c->entries[n++] = *e;
+		else
+			pfree(b);
+	}
+	c->n = n;
+}
+
+/* The window's chunks whose score plus `bound` reaches theta, in chunk order; the window is left cleared. */
+static int64
+window_candidates(Window *w, double bound, double theta, Hit *cands)
+{
+	int64		n = 0;
+	int			j;
+
+	for (j = 0; j <= (int) ((w->hi - w->lo - 1) >> 6); j++)
+	{
+		uint64		bits = w->reached[j];
+
+		w->reached[j] = 0;
+		while (bits != 0)
+		{
+			int			o = j * 64 + pg_rightmost_one_pos64(bits);
+
+			bits &= bits - 1;
+			if (w->score[o] + bound >= theta)
+			{
+				cands[n].cid = w->lo + o;
+				cands[n].score = w->score[o];
+				n++;
+			}
+			w->score[o] = 0;
+		}
+	}
+	return n;
+}
+
+/* A decoded block's postings in [lo, hi) added to the candidates holding them; its position moves past hi. */
+static void
+merge_block(Postings *p, QueryTerm *t, Entry *e, Hit *cands, int64 n, int64 lo, int64 hi)
+{
+	PostingBlock *b = e->block;
+	int64		j;
+
+	while (e->pos < b->n && b->cid[e->pos] < lo)
+		e->pos++;
+	if (e->pos == b->n)
+		return;
+	j = lower_bound(cands, n, b->cid[e->pos]);
+	for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
+	{
+		int64		cid = b->cid[e->pos];
+
+		while (j < n && cands[j].cid < cid)
+			j++;
+		if (j < n && cands[j].cid == cid)
+			cands[j].score += contribution(p, t->wk, b->tf[e->pos], b->dl[e->pos]);
+	}
+}
+
+/*
+ * A non-essential term added to the window's candidates, `rest` the bounds of the terms after it: a block is
+ * read only when a candidate in its range could reach theta with its bound (the term's until its row is read,
+ * then its own); a block that may hold chunks of later windows stays an entry.
+ */
+static void
+add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 ncands, double rest,
+			  double theta)
+{
+	int			i;
+	int			n = 0;
+
+	cursor_pull(c, hi);
+	for (i = 0; i < c->n; i++)
+	{
+		Entry	   *e = &c->entries[i];
+
+		CHECK_FOR_INTERRUPTS();
+		if (e->last >= lo && may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
+		{
+			bool		in_slot = false;
+
+			if (!e->read)
+			{
+				if (!read_row(p, c, e))
+					continue;
+				in_slot = true;
+			}
+			if (e->last >= lo &&
+				may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
+			{
+				if (e->block == NULL)
+					decode(p, c, e, in_slot);
+				merge_block(p, &c->t, e, cands, ncands, lo, hi);
+			}
+		}
+		if (e->last >= hi && (e->block == NULL || e->pos < e->block->n))
+			c->entries[n++] = *e;
+		else if (e->block != NULL)
+			pfree(e->block);
+	}
+	c->n = n;
+}
+
+/* The candidates whose score plus `bound` reaches theta, kept in order. */
+static int64
+prune(Hit *cands, int64 n, double bound, double theta)
 {
 	int64		i;
-	int64		n = 0;
+	int64		kept = 0;
 
-	for (i = 0; i < h->n; i++)
-		if (h->hit[i].score + bound >= theta)
-			h->hit[n++] = h->hit[i];
-	h->n = n;
+	for (i = 0; i < n; i++)
+		if (cands[i].score + bound >= theta)
+			cands[kept++] = cands[i];
+	return kept;
+}
+
+/*
+ * The best k so far: a heap of at most k hits whose root is the one ranking last (the lowest rounded score, and
+ * of those the highest chunk id).
+ */
+typedef struct Best
+{
+	Hit		   *h;
+	int64		n;
+	int64		k;
+	int64		cap;
+} Best;
+
+/* Whether hit x ranks after hit y. */
+static inline bool
+ranks_after(const Hit *x, const Hit *y)
+{
+	return x->score < y->score || (x->score == y->score && x->cid > y->cid);
+}
+
+static void
+offer(Best *best, int64 cid, double score)
+{
+	Hit		   *h = best->h;
+	Hit			x = {cid, score};
+	int64		i;
+
+	if (best->n < best->k)
+	{
+		if (best->n == best->cap)
+		{
+			best->cap = Min(best->cap * 2, best->k);
+			h = best->h = repalloc_huge(best->h, sizeof(Hit) * best->cap);
+		}
+		/* sift up */
+		for (i = best->n++; i > 0 && ranks_after(&x, &h[(i - 1) / 2]); i = (i - 1) / 2)
+			h[i] = h[(i - 1) / 2];
+		h[i] = x;
+		return;
+	}
+	if (!ranks_after(&h[0], &x))
+		return;
+	/* the last gives way: sift down */
+	for (i = 0;;)
+	{
+		int64		c = 2 * i + 1;
+
+		if (c >= best->n)
+			break;
+		if (c + 1 < best->n && ranks_after(&h[c + 1], &h[c]))
+			c++;
+		if (!ranks_after(&h[c], &x))
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	h[i] = x;
 }
 
 static ArrayType *
@@ -901,7 +826,6 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	MemoryContext work;
 	MemoryContext old;
-	int32		source_id;
 	ArrayType  *a_terms;
 	Datum	   *terms;
 	bool	   *term_nulls;
@@ -915,23 +839,17 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 	double		avgdl;
 	double		k1;
 	double		b;
-	QueryTerm  *qt;
-	double	   *after;
 	Postings	p;
-	Acc			acc;
-	HitBuf		buf = {NULL, 0};
-	int64	   *top = NULL;
-	int64		ntop = 0;
-	int64		topcap = 0;
+	TermCursor *cur;
+	double	   *below_sum;
+	int			essential = 0;
 	double		theta = 0;
+	int64		size = FIRST_WINDOW;
+	Window	   *w;
+	Hit		   *cands;
+	Best		best;
 	int			i;
-	int			j;
-	Accumulate	arg;
-	Held		held;
-	Skip		skip;
-	int64		nhits = 0;
 	int64		h;
-	PostingBlock	   *block;
 
 	for (i = 0; i < 11; i++)
 		if (PG_ARGISNULL(i) && (i < 1 || i > 6))
@@ -939,7 +857,6 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("argument %d of agentdb_accel.bm25_topk must not be null", i + 1)));
 	InitMaterializedSRF(fcinfo, 0);
-	source_id = PG_GETARG_INT32(0);
 	k = PG_GETARG_INT32(7);
 	avgdl = PG_GETARG_FLOAT8(8);
 	k1 = PG_GETARG_FLOAT8(9);
@@ -967,114 +884,83 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 
-	postings_open(&p, source_id, k1 * (1 - b), k1 * b / avgdl);
-
-	/* The terms by bound, highest first; after[i], the sum of the bounds of the terms after i. */
-	qt = palloc(sizeof(QueryTerm) * nterms);
-	for (i = 0; i < nterms; i++)
-	{
-		qt[i].term = terms[i];
-		qt[i].wk = weights[i];
-		qt[i].df = dfs[i];
-		qt[i].max_span = max_spans[i];
-		qt[i].ub = contribution(&p, weights[i], max_tfs[i], min_dls[i]);
-	}
-	qsort(qt, nterms, sizeof(QueryTerm), term_order);
-	after = palloc(sizeof(double) * (nterms + 1));
-	after[nterms] = 0;
-	for (i = nterms - 1; i >= 0; i--)
-		after[i] = after[i + 1] + qt[i].ub;
+	postings_open(&p, PG_GETARG_INT32(0), k1 * (1 - b), k1 * b / avgdl);
 
 	/*
-	 * Essential terms: summed while a chunk none of them holds could still reach theta. Each term's stamp tells
-	 * the chunks it reached from the others (stamps wrap past 65,535 terms: a chunk then left out of theta's
-	 * reckoning only lowers theta, which stays safe). top: the best k so far, at most as many as the chunks
-	 * held.
+	 * The terms by ascending bound, each with its cursor; below_sum[i], the sum of the bounds of the terms
+	 * before i. Terms [0, essential) are non-essential: their bounds sum below theta.
 	 */
-	acc.pages = accpage_create(work, 256, NULL);
-	acc.cxt = work;
-	acc.last_pageno = PG_INT64_MIN;
-	acc.last = NULL;
-	acc.members = 0;
-	arg.acc = &acc;
-	arg.p = &p;
-	arg.k = k;
-	arg.cap = Min(k, 1024);
-	arg.best = MemoryContextAllocHuge(work, sizeof(Hit) * arg.cap);
-	for (i = 0; i < nterms && (i == 0 || after[i] >= theta); i++)
+	cur = palloc0(sizeof(TermCursor) * nterms);
+	for (i = 0; i < nterms; i++)
 	{
-		int64		need;
-
-		arg.stamp = (uint16) (i % PG_UINT16_MAX) + 1;
-		arg.nbest = 0;
-		scan_term(&p, &qt[i], NULL, accumulate, &arg);
-		need = Max(Min(k, acc.members), 1);
-		if (need > topcap)
-		{
-			top = top == NULL ? MemoryContextAllocHuge(work, sizeof(int64) * need)
-				: repalloc_huge(top, sizeof(int64) * need);
-			topcap = need;
-		}
-		theta = essential_theta(&arg, top, &ntop);
+		cur[i].t.term = terms[i];
+		cur[i].t.wk = weights[i];
+		cur[i].t.df = dfs[i];
+		cur[i].t.max_span = max_spans[i];
+		cur[i].t.ub = contribution(&p, weights[i], max_tfs[i], min_dls[i]);
 	}
-	pfree(arg.best);
-
-	/* The rest: added to the chunks that can still reach theta, which rises as they do. */
-	hold(&acc, after[i], theta, &held);
-	held.p = &p;
-	for (j = i; j < nterms; j++)
+	qsort(cur, nterms, sizeof(TermCursor), term_order);
+	below_sum = palloc(sizeof(double) * (nterms + 1));
+	below_sum[0] = 0;
+	for (i = 0; i < nterms; i++)
 	{
-		if (j > i)
-			prune_held(&held, after[j], theta);
-		if (held.n * PROBE_SHARE < qt[j].df)
-		{
-			block = palloc(sizeof(PostingBlock));
-			for (h = 0; h < held.n; h++)
-			{
-				CHECK_FOR_INTERRUPTS();
-				held.hit[h].score += probe(&p, &qt[j], held.hit[h].cid, block);
-			}
-			pfree(block);
-		}
-		else
-		{
-			skip.cands = held.hit;
-			skip.n = held.n;
-			skip.theta = theta;
-			skip.rest = after[j + 1];
-			scan_term(&p, &qt[j], &skip, add_to_held, &held);
-		}
-		theta = held_threshold(&held, k, &buf);
+		below_sum[i + 1] = below_sum[i] + cur[i].t.ub;
+		cursor_open(&p, &cur[i]);
 	}
+
+	w = palloc0(sizeof(Window));
+	cands = MemoryContextAllocHuge(work, sizeof(Hit) * WINDOW);
+	best.k = k;
+	best.n = 0;
+	best.cap = Min(k, 1024);
+	best.h = MemoryContextAllocHuge(work, sizeof(Hit) * best.cap);
+	while (essential < nterms)
+	{
+		int64		ncands;
+
+		CHECK_FOR_INTERRUPTS();
+		w->lo = PG_INT64_MAX;
+		for (i = essential; i < nterms; i++)
+			w->lo = Min(w->lo, cursor_next(&cur[i]));
+		if (w->lo == PG_INT64_MAX)
+			break;				/* no essential term holds another chunk */
+		w->hi = w->lo + size;
+		size = Min(size * 2, WINDOW);
+		/* The essential terms, then the others on the candidates, each in descending bound. */
+		for (i = nterms - 1; i >= essential; i--)
+			add_essential(&p, &cur[i], w);
+		ncands = window_candidates(w, below_sum[essential], theta, cands);
+		for (i = essential - 1; i >= 0 && ncands > 0; i--)
+		{
+			ncands = prune(cands, ncands, cur[i].t.ub + below_sum[i], theta);
+			add_remaining(&p, &cur[i], w->lo, w->hi, cands, ncands, below_sum[i], theta);
+		}
+		for (h = 0; h < ncands; h++)
+			offer(&best, cands[h].cid, round_score(cands[h].score));
+		if (best.n == k)
+			theta = below(best.h[0].score);
+		while (essential < nterms && below_sum[essential + 1] < theta)
+			essential++;
+	}
+	for (i = 0; i < nterms; i++)
+		index_endscan(cur[i].scan);
 	postings_close(&p);
 
-	/* The best k held, by score and chunk id. */
-	for (h = 0; h < held.n; h++)
-	{
-		CHECK_FOR_INTERRUPTS();
-		if (held.hit[h].score >= theta)
-		{
-			held.hit[nhits].cid = held.hit[h].cid;
-			held.hit[nhits].score = round_score(held.hit[h].score);
-			nhits++;
-		}
-	}
-	qsort(held.hit, nhits, sizeof(Hit), hit_order);
-
+	/* The best k, by score and chunk id. */
+	qsort(best.h, best.n, sizeof(Hit), hit_order);
 	MemoryContextSwitchTo(old);
-	for (h = 0; h < Min(nhits, k); h++)
+	for (h = 0; h < best.n; h++)
 	{
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		values[0] = Int64GetDatum(held.hit[h].cid);
-		values[1] = Float8GetDatum(held.hit[h].score);
+		values[0] = Int64GetDatum(best.h[h].cid);
+		values[1] = Float8GetDatum(best.h[h].score);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	MemoryContextDelete(work);
 	PG_RETURN_VOID();
 }
-
 
 /*
  * The write path: a statement's posting blocks from its rows' tsvectors, as agentdb_internal.block_sql cuts
@@ -1479,7 +1365,7 @@ agentdb_accel_merged_blocks(PG_FUNCTION_ARGS)
 		memset(&t, 0, sizeof(QueryTerm));
 		t.term = terms[i];
 		g.n = 0;
-		scan_term(&p, &t, NULL, gather, &g);
+		scan_term(&p, &t, gather, &g);
 		put_blocks(rsinfo, DatumGetTextPP(terms[i]), g.post, g.n, "agentdb_accel.merged_blocks");
 	}
 	postings_close(&p);
