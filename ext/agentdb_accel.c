@@ -19,8 +19,9 @@
  * posting of the essential terms in the window is summed into a dense array of partial scores (which stays in
  * cache however large the corpus); the chunks whose partial score plus the non-essential bounds reaches theta
  * are candidates; each non-essential term, highest bound first, is added to the candidates still able to reach
- * theta, reading only its blocks that hold one (on the index tuple's first chunk and the term's max_span, then
- * the row's last chunk and the block's own bound at its max_tf and min_dl); the candidates then hold full
+ * theta, reading only the blocks where one could reach theta with the block's bound (judged on the block's index
+ * tuple: the key index includes its last chunk, max_tf and min_dl, migration 0026; on an older key, on its first
+ * chunk and the term's max_span and bound until its row is read); the candidates then hold full
  * scores and offer themselves to the best k, theta rises, and terms leave the essential set. Each term is read
  * forward only, by one index scan in chunk order. Against summing term at a time into an accumulator over the
  * whole id space, theta is a full score from the first window on, and no posting is a cache miss
@@ -107,6 +108,7 @@ typedef struct Postings
 	Snapshot	snapshot;
 	TupleTableSlot *slot;
 	IndexScanDesc term_scan;	/* source_id = and term = */
+	bool		key_bounds;		/* the key index includes last_chunk, max_tf and min_dl (migration 0026) */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
 	AttrNumber	att_max_tf;
@@ -189,6 +191,10 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the key index of %s is not on (source_id, term, first_chunk)",
 						RelationGetRelationName(p->heap))));
+	p->key_bounds = p->index->rd_index->indnatts >= 6 &&
+		p->index->rd_index->indkey.values[3] == p->att_last &&
+		p->index->rd_index->indkey.values[4] == p->att_max_tf &&
+		p->index->rd_index->indkey.values[5] == p->att_min_dl;
 	p->term_collation = p->index->rd_indcollation[1];
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
@@ -439,16 +445,17 @@ term_order(const void *a, const void *b)
 }
 
 /*
- * A block of a term met by its cursor: known by its index tuple (its first chunk, its row's TID) until a
- * window needs its row, which gives its last chunk and its bound; decoded when a window needs its postings.
+ * A block of a term met by its cursor on its index tuple: its first chunk, its row's TID, and its last chunk and
+ * bound where the key index includes them (else known once a window reads its row); decoded when a window needs
+ * its postings.
  */
 typedef struct Entry
 {
 	ItemPointerData tid;
 	int64		first;
-	int64		last;			/* first + the term's max_span until the row is read */
-	double		bound;			/* the term's ub until the row is read, then at the block's max_tf and min_dl */
-	bool		read;
+	int64		last;			/* while not known: first + the term's max_span */
+	double		bound;			/* at the block's max_tf and min_dl; while not known: the term's ub */
+	bool		known;
 	PostingBlock *block;		/* its postings in chunk order once decoded, else NULL */
 	int			pos;			/* the first of them no window has passed yet */
 } Entry;
@@ -465,6 +472,8 @@ typedef struct TermCursor
 	bool		more;
 	ItemPointerData next_tid;
 	int64		next_first;
+	int64		next_last;		/* with key_bounds */
+	double		next_bound;
 	Entry	   *entries;		/* in first-chunk order */
 	int			n;
 	int			cap;
@@ -472,16 +481,23 @@ typedef struct TermCursor
 
 /* The scan's next index tuple, or more = false at its end. */
 static void
-cursor_step(TermCursor *c)
+cursor_step(const Postings *p, TermCursor *c)
 {
 	ItemPointer tid = index_getnext_tid(c->scan, ForwardScanDirection);
+	IndexTuple	itup = c->scan->xs_itup;
+	TupleDesc	desc = c->scan->xs_itupdesc;
 	bool		isnull;
 
 	c->more = tid != NULL;
-	if (c->more)
+	if (!c->more)
+		return;
+	c->next_tid = *tid;
+	c->next_first = DatumGetInt64(index_getattr(itup, 3, desc, &isnull));
+	if (p->key_bounds)
 	{
-		c->next_tid = *tid;
-		c->next_first = DatumGetInt64(index_getattr(c->scan->xs_itup, 3, c->scan->xs_itupdesc, &isnull));
+		c->next_last = DatumGetInt64(index_getattr(itup, 4, desc, &isnull));
+		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(index_getattr(itup, 5, desc, &isnull)),
+									 DatumGetInt32(index_getattr(itup, 6, desc, &isnull)));
 	}
 }
 
@@ -497,12 +513,12 @@ cursor_open(Postings *p, TermCursor *c)
 	c->n = 0;
 	c->cap = 16;
 	c->entries = palloc(sizeof(Entry) * c->cap);
-	cursor_step(c);
+	cursor_step(p, c);
 }
 
 /* The blocks whose first chunk lies below hi become entries. */
 static void
-cursor_pull(TermCursor *c, int64 hi)
+cursor_pull(const Postings *p, TermCursor *c, int64 hi)
 {
 	while (c->more && c->next_first < hi)
 	{
@@ -517,12 +533,12 @@ cursor_pull(TermCursor *c, int64 hi)
 		e = &c->entries[c->n++];
 		e->tid = c->next_tid;
 		e->first = c->next_first;
-		e->last = c->next_first + c->t.max_span;
-		e->bound = c->t.ub;
-		e->read = false;
+		e->known = p->key_bounds;
+		e->last = e->known ? c->next_last : c->next_first + c->t.max_span;
+		e->bound = e->known ? c->next_bound : c->t.ub;
 		e->block = NULL;
 		e->pos = 0;
-		cursor_step(c);
+		cursor_step(p, c);
 	}
 }
 
@@ -548,16 +564,19 @@ read_row(Postings *p, TermCursor *c, Entry *e)
 	e->last = DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull));
 	e->bound = contribution(p, c->t.wk, DatumGetInt32(slot_getattr(p->slot, p->att_max_tf, &isnull)),
 							DatumGetInt32(slot_getattr(p->slot, p->att_min_dl, &isnull)));
-	e->read = true;
+	e->known = true;
 	return true;
 }
 
-/* Entry e's postings decoded; its row is in p->slot when `in_slot`, else fetched again. */
-static void
+/*
+ * Entry e's postings decoded (false: no version of its row is visible); its row is in p->slot when `in_slot`,
+ * else fetched.
+ */
+static bool
 decode(Postings *p, TermCursor *c, Entry *e, bool in_slot)
 {
 	if (!in_slot && !fetch_row(p, c, e))
-		malformed_block(p);		/* visible once under this snapshot, so always */
+		return false;
 	e->block = palloc(sizeof(PostingBlock));
 	read_block(p, e->block);
 	sort_block(e->block);
@@ -565,6 +584,7 @@ decode(Postings *p, TermCursor *c, Entry *e, bool in_slot)
 	if (e->block->n > 0 && (e->block->cid[0] < e->first || e->block->cid[e->block->n - 1] > e->last))
 		malformed_block(p);
 	e->pos = 0;
+	return true;
 }
 
 /* The lowest chunk id term c may still hold, or PG_INT64_MAX. */
@@ -601,7 +621,7 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 	int			i;
 	int			n = 0;
 
-	cursor_pull(c, hi);
+	cursor_pull(p, c, hi);
 	for (i = 0; i < c->n; i++)
 	{
 		Entry	   *e = &c->entries[i];
@@ -612,7 +632,7 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 		{
 			if (!read_row(p, c, e))
 				continue;
-			decode(p, c, e, true);
+			(void) decode(p, c, e, true);
 		}
 		b = e->block;
 		for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
@@ -694,7 +714,7 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 	int			i;
 	int			n = 0;
 
-	cursor_pull(c, hi);
+	cursor_pull(p, c, hi);
 	for (i = 0; i < c->n; i++)
 	{
 		Entry	   *e = &c->entries[i];
@@ -704,7 +724,7 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 		{
 			bool		in_slot = false;
 
-			if (!e->read)
+			if (!e->known)
 			{
 				if (!read_row(p, c, e))
 					continue;
@@ -713,8 +733,8 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 			if (e->last >= lo &&
 				may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
 			{
-				if (e->block == NULL)
-					decode(p, c, e, in_slot);
+				if (e->block == NULL && !decode(p, c, e, in_slot))
+					continue;
 				merge_block(p, &c->t, e, cands, ncands, lo, hi);
 			}
 		}
