@@ -234,6 +234,10 @@ def install(url: str) -> str:
             if available is None:
                 say_once("the server offers no agentdb_accel extension")
                 return "sql"
+            if conn.execute("select 1 from pg_extension where extname = 'citus'").fetchone():
+                # The accelerator is this node's own: Citus would carry the statements to workers that do not
+                # have it (and fail while one is down).
+                conn.execute("set citus.enable_ddl_propagation = off")
             conn.execute(sql.SQL("create extension if not exists {}").format(sql.Identifier(EXTENSION)))
             conn.execute(sql.SQL("alter extension {} update").format(sql.Identifier(EXTENSION)))
             if conn.execute("select to_regprocedure('agentdb_internal.lexical_path()')").fetchone() == (
