@@ -3,6 +3,7 @@ with --synthetic N, N chunks of SciFact-text built as bench/scale.py builds them
 
     .venv/bin/python bench/citus.py                       # SciFact
     .venv/bin/python bench/citus.py --synthetic 100000    # and 100k scifact-text chunks
+    .venv/bin/python bench/citus.py --synthetic 1000000 --reuse-scifact --output bench/results/citus_1m.json
 
 The single node is an embedded server of its own (bench/.cache/citus/one); the cluster is made by `agentdb
 start --workers 2` (bench/.cache/citus/cluster; Citus built once from AGENTDB_CITUS_SOURCE or --citus-source)
@@ -25,7 +26,7 @@ dense and hybrid (RRF, threshold 0; query vectors computed beforehand):
     (planning, connections, intermediate results, merge, fusion and the page).
 
 Everything shares 2 cores, so the cluster cannot be faster here; the figures are for the projection in
-docs/scale-out.md. Writes bench/results/citus.json. A benchmark, not a test.
+docs/scale-out.md. Writes bench/results/citus.json (or --output). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -593,6 +594,12 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-json", action="store_true")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS / "citus.json",
+        help="results file (default bench/results/citus.json)",
+    )
     args = parser.parse_args()
     if scifact_missing(args.dataset):
         return 2
@@ -664,9 +671,8 @@ def main() -> int:
                 "run_seconds": round(time.perf_counter() - wall, 1),
                 "load_average_1m": {"before_timing": load_before, "after": load_after},
             }
-            path = RESULTS / "citus.json"
-            path.write_text(json.dumps(out, indent=2) + "\n")
-            print(f"wrote {path.relative_to(ROOT)}")
+            args.output.write_text(json.dumps(out, indent=2) + "\n")
+            print(f"wrote {args.output}")
 
         if args.reuse_scifact:  # the SciFact part of the last run, to measure only the synthetic corpus
             scifact = json.loads((RESULTS / "citus.json").read_text())["results"]["scifact"]
