@@ -35,7 +35,7 @@ from agentdb.config import Settings
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
 from agentdb.db.cluster import list_workers, start_workers, stop_worker
 from agentdb.db.distribute import CATALOG, SHARD_COUNT
-from agentdb.db.migrate import require_citus_version
+from agentdb.db.migrate import migrate, require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
@@ -244,6 +244,35 @@ def test_migrate_refuses_a_citus_older_than_14(
         require_citus_version(conn)
     monkeypatch.setattr("agentdb.db.migrate.citus_version", lambda _conn: "14.0-1")
     require_citus_version(conn)
+
+
+def test_the_block_key_migration_upgrades_a_cluster_made_before_it(citus_cluster: Path) -> None:
+    """Migration 0026 on a coordinator whose catalog is already made of reference tables (a cluster made before
+    the migration): Citus takes an ALTER TABLE's ADD CONSTRAINT only alone, and the key ends up holding the
+    blocks' bounds on every node."""
+    with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        assert conn.execute(
+            "select partmethod from pg_dist_partition where logicalrelid = 'agentdb.posting_blocks'::regclass"
+        ).fetchone() == ("n",)  # a reference table
+        conn.execute("alter table agentdb.posting_blocks drop constraint posting_blocks_pkey")
+        conn.execute(
+            "alter table agentdb.posting_blocks add constraint posting_blocks_pkey"
+            " primary key (source_id, term, first_chunk)"
+        )
+        conn.execute("delete from agentdb.schema_migrations where version = 26")
+        migrate(conn)
+        assert conn.execute("select version from agentdb.schema_migrations where version = 26").fetchone()
+        key = conn.execute("select pg_get_indexdef('agentdb.posting_blocks_pkey'::regclass)").fetchone()
+        assert key is not None and key[0].endswith(
+            "(source_id, term, first_chunk) INCLUDE (last_chunk, max_tf, min_dl)"
+        )
+    for worker in list_workers(citus_cluster):
+        with psycopg.connect(worker.url(), autocommit=True) as conn:
+            shard_key = conn.execute(
+                "select pg_get_indexdef(i.indexrelid) from pg_index i join pg_class c on c.oid = i.indrelid"
+                " where c.relname like 'posting_blocks%' and i.indisprimary"
+            ).fetchone()
+        assert shard_key is not None and "INCLUDE (last_chunk, max_tf, min_dl)" in shard_key[0], worker.name
 
 
 def _random_corpus(path: Path, seed: int, count: int = 80) -> list[list[float]]:
