@@ -69,6 +69,9 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 continue
             log.info("applying migration %04d_%s", migration.version, migration.name)
             with conn.transaction():
+                # One query string: on a Citus coordinator, whose catalog tables are reference tables, Citus sends
+                # a DDL statement's whole query string to the workers, so a migration that alters them runs its
+                # statements from a DO block, where each reaches the workers alone (migrations/0026).
                 conn.execute(migration.path.read_text())
                 conn.execute(
                     "insert into agentdb.schema_migrations (version, name) values (%s, %s)",
