@@ -15,7 +15,7 @@ def drop_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
     afterwards. One build over all the rows is faster than inserting them one by one into the graph, which
     updates its neighbours at every row. Found in the catalog: PostgreSQL names it (a name made from the
     table's could pass 63 bytes and, cut there, be another index's)."""
-    for name in _vector_indexes(conn, source):
+    for name in vector_indexes(conn, source):
         conn.execute(
             sql.SQL("drop index {}.{}").format(sql.Identifier(source.table_schema), sql.Identifier(name))
         )
@@ -29,11 +29,11 @@ def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
     is locked against other builders (SHARE ROW EXCLUSIVE conflicts with itself) and the catalog read again,
     so that two ingestions finishing together build it once; a table lock rather than an advisory one, since
     the server reorders the waits of a builder that already writes into the table instead of deadlocking."""
-    if _vector_indexes(conn, source):
+    if vector_indexes(conn, source):
         return
     with conn.transaction():
         conn.execute(sql.SQL("lock table {} in share row exclusive mode").format(source.table))
-        if not _vector_indexes(conn, source):
+        if not vector_indexes(conn, source):
             conn.execute(
                 sql.SQL("create index on {} using hnsw (agentdb_embedding vector_cosine_ops)").format(
                     source.table
@@ -41,7 +41,7 @@ def ensure_vector_index(conn: psycopg.Connection[Any], source: Source) -> None:
             )
 
 
-def _vector_indexes(conn: psycopg.Connection[Any], source: Source) -> list[str]:
+def vector_indexes(conn: psycopg.Connection[Any], source: Source) -> list[str]:
     """The names of the HNSW indexes of the source's table."""
     rows = conn.execute(
         "select c.relname from pg_index i join pg_class c on c.oid = i.indexrelid"
