@@ -23,7 +23,8 @@
  * tuple: the key index includes its last chunk, max_tf and min_dl, migration 0026; on an older key, on its first
  * chunk and the term's max_span and bound until its row is read); the candidates then hold full
  * scores and offer themselves to the best k, theta rises, and terms leave the essential set. Each term is read
- * forward only, by one index scan in chunk order. Against summing term at a time into an accumulator over the
+ * forward only, in chunk order: its first READ_AHEAD blocks through one index scan all terms share, the rest
+ * (a frequent term's) through a scan of its own. Against summing term at a time into an accumulator over the
  * whole id space, theta is a full score from the first window on, and no posting is a cache miss
  * (bench/LOG.md, 2026-12-04, night). The result is the k best chunks by (score desc, chunk id) among every
  * chunk holding a query term, visible to the caller's filters or not: the caller applies them.
@@ -80,6 +81,12 @@ PG_FUNCTION_INFO_V1(agentdb_accel_merged_blocks);
 #define WINDOW (1 << WINDOW_BITS)
 #define FIRST_WINDOW 1024
 
+/*
+ * A term's first blocks are met through the scan shared by all terms, up to this many; only a term with more
+ * opens a scan of its own (a btree scan's setup and first descent cost more than a short term's whole read).
+ */
+#define READ_AHEAD 64
+
 typedef struct QueryTerm
 {
 	Datum		term;			/* text */
@@ -108,6 +115,7 @@ typedef struct Postings
 	Snapshot	snapshot;
 	TupleTableSlot *slot;
 	IndexScanDesc term_scan;	/* source_id = and term = */
+	IndexFetchTableData *fetch; /* a block's row by its TID */
 	bool		key_bounds;		/* the key index includes last_chunk, max_tf and min_dl (migration 0026) */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
@@ -199,12 +207,15 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
 	p->term_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
+	p->term_scan->xs_want_itup = true;	/* the cursors meet a block on its index tuple */
+	p->fetch = table_index_fetch_begin(p->heap);
 	p->scratch = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel block", ALLOCSET_SMALL_SIZES);
 }
 
 static void
 postings_close(Postings *p)
 {
+	table_index_fetch_end(p->fetch);
 	index_endscan(p->term_scan);
 	ExecDropSingleTupleTableSlot(p->slot);
 	index_close(p->index, AccessShareLock);
@@ -463,12 +474,14 @@ typedef struct Entry
 /*
  * One term's postings read forward: an index scan on (source_id, term) in first-chunk order, the tuple it
  * stands on (next_tid, next_first) while `more`, and the blocks met before it that may still hold chunks of
- * the windows to come.
+ * the windows to come. The scan is the shared one while the first READ_AHEAD blocks are read, then the term's
+ * own (NULL for a term with no more).
  */
 typedef struct TermCursor
 {
 	QueryTerm	t;
 	IndexScanDesc scan;
+	IndexScanDesc own_scan;
 	bool		more;
 	ItemPointerData next_tid;
 	int64		next_first;
@@ -501,26 +514,43 @@ cursor_step(const Postings *p, TermCursor *c)
 	}
 }
 
+static void cursor_pull(const Postings *p, TermCursor *c, int64 hi, int limit);
+
+/*
+ * The term's first READ_AHEAD blocks become entries, met through the shared scan; a term with more continues
+ * with a scan of its own from the block it stands on (first_chunk is unique within a term: the key).
+ */
 static void
 cursor_open(Postings *p, TermCursor *c)
 {
-	ScanKeyData keys[2];
+	ScanKeyData keys[3];
 
-	c->scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 2, 0);
-	c->scan->xs_want_itup = true;	/* a block is met on its index tuple's first_chunk, its row read later */
 	term_keys(p, keys, &c->t);
-	index_rescan(c->scan, keys, 2, NULL, 0);
 	c->n = 0;
 	c->cap = 16;
 	c->entries = palloc(sizeof(Entry) * c->cap);
+	c->own_scan = NULL;
+	c->scan = p->term_scan;
+	index_rescan(c->scan, keys, 2, NULL, 0);
+	cursor_step(p, c);
+	cursor_pull(p, c, PG_INT64_MAX, READ_AHEAD);
+	if (!c->more)
+	{
+		c->scan = NULL;			/* the shared scan goes on to the next term */
+		return;
+	}
+	ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(c->next_first));
+	c->scan = c->own_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 3, 0);
+	c->scan->xs_want_itup = true;	/* a block is met on its index tuple's first_chunk, its row read later */
+	index_rescan(c->scan, keys, 3, NULL, 0);
 	cursor_step(p, c);
 }
 
-/* The blocks whose first chunk lies below hi become entries. */
+/* The blocks whose first chunk lies below hi become entries, at most `limit` of them. */
 static void
-cursor_pull(const Postings *p, TermCursor *c, int64 hi)
+cursor_pull(const Postings *p, TermCursor *c, int64 hi, int limit)
 {
-	while (c->more && c->next_first < hi)
+	while (c->more && c->next_first < hi && limit-- > 0)
 	{
 		Entry	   *e;
 
@@ -549,8 +579,7 @@ fetch_row(Postings *p, TermCursor *c, Entry *e)
 	bool		call_again = false;
 	bool		all_dead = false;
 
-	return table_index_fetch_tuple(c->scan->xs_heapfetch, &e->tid, p->snapshot, p->slot, &call_again,
-								   &all_dead);
+	return table_index_fetch_tuple(p->fetch, &e->tid, p->snapshot, p->slot, &call_again, &all_dead);
 }
 
 /* Entry e's row read (false: none visible): its last chunk and bound; the row stays in p->slot. */
@@ -621,13 +650,18 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 	int			i;
 	int			n = 0;
 
-	cursor_pull(p, c, hi);
+	cursor_pull(p, c, hi, PG_INT32_MAX);
 	for (i = 0; i < c->n; i++)
 	{
 		Entry	   *e = &c->entries[i];
 		PostingBlock *b;
 
 		CHECK_FOR_INTERRUPTS();
+		if (e->first >= hi)		/* met ahead of the windows (READ_AHEAD) */
+		{
+			c->entries[n++] = *e;
+			continue;
+		}
 		if (e->block == NULL)
 		{
 			if (!read_row(p, c, e))
@@ -714,13 +748,13 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 	int			i;
 	int			n = 0;
 
-	cursor_pull(p, c, hi);
+	cursor_pull(p, c, hi, PG_INT32_MAX);
 	for (i = 0; i < c->n; i++)
 	{
 		Entry	   *e = &c->entries[i];
 
 		CHECK_FOR_INTERRUPTS();
-		if (e->last >= lo && may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
+		if (e->first < hi && e->last >= lo && may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
 		{
 			bool		in_slot = false;
 
@@ -963,7 +997,8 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 			essential++;
 	}
 	for (i = 0; i < nterms; i++)
-		index_endscan(cur[i].scan);
+		if (cur[i].own_scan != NULL)
+			index_endscan(cur[i].own_scan);
 	postings_close(&p);
 
 	/* The best k, by score and chunk id. */

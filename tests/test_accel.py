@@ -172,6 +172,47 @@ def test_exact_ties_rank_by_chunk_id_on_both_paths(conn: psycopg.Connection[Any]
         assert answers["sql"] == sorted(answers["sql"], key=lambda h: (-h[1], h[0]))
 
 
+def test_terms_with_more_blocks_than_the_cursor_reads_ahead(conn: psycopg.Connection[Any]) -> None:
+    """The cursor meets a term's first 64 blocks through the scan all terms share (READ_AHEAD, ext/) and opens a
+    scan of its own only for a term with more: 90 small writes give the frequent words 90 blocks each (a block
+    a write), the rare ones a few. Lexical answers at several depths, with and without a filter, before and
+    after a deletion rewrote blocks, are the same on both paths."""
+    create_document_source(
+        conn, "many", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+    )
+    rng = random.Random(11)
+    written = []
+    for _ in range(90):
+        rows = _rows(rng, 3)
+        rows = [(d, c, f"w0x w1x w2x {text}", meta, v) for d, c, text, meta, v in rows]
+        _copy(conn, rows, names=("many",))
+        written += [d for d, *_ in rows]
+    blocks = dict(
+        conn.execute(
+            "select b.term, count(*) from agentdb.posting_blocks b join agentdb.sources s on s.id = b.source_id"
+            " where s.name = 'many' group by b.term"
+        ).fetchall()
+    )
+    assert min(blocks["w0x"], blocks["w1x"], blocks["w2x"]) == 90 and min(blocks.values()) < 64
+
+    def compare() -> None:
+        for query in ("w0x w1x", "w0x w2x w7x w30x", "w1x w45x w59x", "w0x"):
+            for top_k in (1, 10, 100):
+                for filt in (None, {"year": {"$gte": 3}}):
+                    answers = {}
+                    for path in PATHS:
+                        _on(conn, path)
+                        result = retrieve(conn, "many", query, mode="lexical", top_k=top_k, filter=filt)
+                        assert result.diagnostics["parameters"]["lexical_path"] == path
+                        answers[path] = _answer(result)
+                    assert answers["sql"], (query, top_k, filt)
+                    assert_same(answers["accel"], answers["sql"])
+
+    compare()
+    conn.execute("delete from agentdb_docs.many where doc_id = any(%s)", (rng.sample(written, 60),))
+    compare()
+
+
 def test_a_principal_reaches_the_cursor_only_through_its_policy(
     conn: psycopg.Connection[Any], corpus: random.Random, reader: Any
 ) -> None:
