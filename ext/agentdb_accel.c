@@ -475,13 +475,12 @@ typedef struct Entry
  * One term's postings read forward: an index scan on (source_id, term) in first-chunk order, the tuple it
  * stands on (next_tid, next_first) while `more`, and the blocks met before it that may still hold chunks of
  * the windows to come. The scan is the shared one while the first READ_AHEAD blocks are read, then the term's
- * own (NULL for a term with no more).
+ * own (NULL for a term with no more blocks by then).
  */
 typedef struct TermCursor
 {
 	QueryTerm	t;
 	IndexScanDesc scan;
-	IndexScanDesc own_scan;
 	bool		more;
 	ItemPointerData next_tid;
 	int64		next_first;
@@ -529,7 +528,6 @@ cursor_open(Postings *p, TermCursor *c)
 	c->n = 0;
 	c->cap = 16;
 	c->entries = palloc(sizeof(Entry) * c->cap);
-	c->own_scan = NULL;
 	c->scan = p->term_scan;
 	index_rescan(c->scan, keys, 2, NULL, 0);
 	cursor_step(p, c);
@@ -540,7 +538,7 @@ cursor_open(Postings *p, TermCursor *c)
 		return;
 	}
 	ScanKeyInit(&keys[2], 3, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(c->next_first));
-	c->scan = c->own_scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 3, 0);
+	c->scan = index_beginscan(p->heap, p->index, p->snapshot, NULL, 3, 0);
 	c->scan->xs_want_itup = true;	/* a block is met on its index tuple's first_chunk, its row read later */
 	index_rescan(c->scan, keys, 3, NULL, 0);
 	cursor_step(p, c);
@@ -574,7 +572,7 @@ cursor_pull(const Postings *p, TermCursor *c, int64 hi, int limit)
 
 /* Entry e's row into p->slot; false when no version of it is visible to the snapshot. */
 static bool
-fetch_row(Postings *p, TermCursor *c, Entry *e)
+fetch_row(Postings *p, Entry *e)
 {
 	bool		call_again = false;
 	bool		all_dead = false;
@@ -588,7 +586,7 @@ read_row(Postings *p, TermCursor *c, Entry *e)
 {
 	bool		isnull;
 
-	if (!fetch_row(p, c, e))
+	if (!fetch_row(p, e))
 		return false;
 	e->last = DatumGetInt64(slot_getattr(p->slot, p->att_last, &isnull));
 	e->bound = contribution(p, c->t.wk, DatumGetInt32(slot_getattr(p->slot, p->att_max_tf, &isnull)),
@@ -602,9 +600,9 @@ read_row(Postings *p, TermCursor *c, Entry *e)
  * else fetched.
  */
 static bool
-decode(Postings *p, TermCursor *c, Entry *e, bool in_slot)
+decode(Postings *p, Entry *e, bool in_slot)
 {
-	if (!in_slot && !fetch_row(p, c, e))
+	if (!in_slot && !fetch_row(p, e))
 		return false;
 	e->block = palloc(sizeof(PostingBlock));
 	read_block(p, e->block);
@@ -666,7 +664,7 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 		{
 			if (!read_row(p, c, e))
 				continue;
-			(void) decode(p, c, e, true);
+			(void) decode(p, e, true);
 		}
 		b = e->block;
 		for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
@@ -767,7 +765,7 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 			if (e->last >= lo &&
 				may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
 			{
-				if (e->block == NULL && !decode(p, c, e, in_slot))
+				if (e->block == NULL && !decode(p, e, in_slot))
 					continue;
 				merge_block(p, &c->t, e, cands, ncands, lo, hi);
 			}
@@ -997,8 +995,8 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 			essential++;
 	}
 	for (i = 0; i < nterms; i++)
-		if (cur[i].own_scan != NULL)
-			index_endscan(cur[i].own_scan);
+		if (cur[i].scan != NULL)
+			index_endscan(cur[i].scan);
 	postings_close(&p);
 
 	/* The best k, by score and chunk id. */
