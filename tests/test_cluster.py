@@ -37,7 +37,7 @@ from agentdb.db.cluster import list_workers, start_workers, stop_worker
 from agentdb.db.distribute import CATALOG, SHARD_COUNT
 from agentdb.db.migrate import migrate, require_citus_version
 from agentdb.db.pool import configure
-from agentdb.db.server import read_postmaster, server_status
+from agentdb.db.server import read_postmaster, server_status, tuning
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
 from agentdb.filters import UNFILTERED, ReadScope
 from agentdb.indexes import add_edges, check_indexes, create_index, list_indexes, neighbors, roots
@@ -82,6 +82,8 @@ def test_start_brings_up_a_coordinator_and_two_registered_workers(
     assert all(n["state"] == "running" for n in nodes[1:])
     workers = list_workers(citus_cluster)
     assert [(w.host, w.port) for w in workers] == [(n["host"], n["port"]) for n in nodes[1:]]
+    share = tuning(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), nodes=3)
+    assert share != tuning(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     for url in _node_urls(citus_cluster):
         with psycopg.connect(url, autocommit=True) as conn:
             preload = conn.execute("select current_setting('shared_preload_libraries')").fetchone()
@@ -92,6 +94,16 @@ def test_start_brings_up_a_coordinator_and_two_registered_workers(
             assert version is not None and "Citus 14.0.1" in str(version[0])
             # The workers hold the cluster's metadata too (they can plan and route statements).
             assert conn.execute("select count(*) from pg_dist_node where isactive").fetchone() == (3,)
+            # Each node is tuned for a third of the machine from the first start, the workers too (whose
+            # HNSW builds, one a shard at once, crawl at PostgreSQL's default of 64 MB).
+            settings = dict(
+                conn.execute(
+                    "select name, pg_size_bytes(current_setting(name)) / 1048576 || 'MB'"
+                    " from pg_settings where name = any(%s)",
+                    (list(share),),
+                ).fetchall()
+            )
+            assert settings == share
 
 
 def test_shards_of_a_distributed_table_show_in_status_and_healthz(

@@ -77,7 +77,7 @@ def cmd_start(args: argparse.Namespace) -> None:
         from agentdb.db.citus import source_from_env
         from agentdb.db.cluster import prepare_coordinator
 
-        prepare_coordinator(data_dir, source_from_env(args.citus_source))
+        prepare_coordinator(data_dir, source_from_env(args.citus_source), args.workers)
     was_running = server_status(data_dir).running
     url = start_embedded(data_dir, keep_running=True)
     if args.workers:

@@ -74,7 +74,9 @@ def start_embedded(
     data_dir.mkdir(parents=True, exist_ok=True)
     forget_dead_handles(pgdata / HANDLES_FILE)
     _wait_for_shutdown(data_dir, shutdown_wait)
-    changed = write_tuning(pgdata)  # before a start, so that shared_buffers applies to it
+    changed = write_tuning(
+        pgdata, local_nodes(data_dir)
+    )  # before a start, so that shared_buffers applies to it
     for attempt in range(2):
         try:
             with server_environment():
@@ -95,7 +97,7 @@ def start_embedded(
     # A data directory initialized by this start, or a server already running with other settings: apply
     # all but shared_buffers now; that one at the next start. The accelerator is built here on the first start.
     accel_changed = accel.prepare_embedded(pgdata, Path(server.bin_path))
-    if write_tuning(pgdata) or changed or accel_changed:
+    if write_tuning(pgdata, local_nodes(data_dir)) or changed or accel_changed:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute("select pg_reload_conf()")
         accel.await_reload(admin_url, pgdata)
@@ -433,11 +435,12 @@ TUNING_FILE = "agentdb.conf"
 _INCLUDE = f"include_if_exists = '{TUNING_FILE}'"
 
 
-def tuning(memory_bytes: int) -> dict[str, str]:
-    """Server settings for a machine with this much memory (PostgreSQL's defaults assume a tiny one): a
-    quarter of it for shared buffers (at most 8 GB), half as the planner's cache estimate, and up to 2 GB
-    for index builds (HNSW builds in memory when its graph fits)."""
-    mb = memory_bytes // 2**20
+def tuning(memory_bytes: int, nodes: int = 1) -> dict[str, str]:
+    """Server settings for one of `nodes` servers sharing a machine with this much memory (PostgreSQL's
+    defaults assume a tiny one). Of its share: a quarter for shared buffers (at most 8 GB), half as the
+    planner's cache estimate, and a sixteenth, up to 2 GB, for an index build (HNSW builds in memory when its
+    graph fits; a Citus worker runs one build for each of its shards at once)."""
+    mb = memory_bytes // 2**20 // nodes
     return {
         "shared_buffers": f"{max(128, min(mb // 4, 8192))}MB",
         "effective_cache_size": f"{max(512, mb // 2)}MB",
@@ -445,15 +448,22 @@ def tuning(memory_bytes: int) -> dict[str, str]:
     }
 
 
-def write_tuning(pgdata: Path) -> bool:
-    """Write the settings for this machine to `pgdata/agentdb.conf` and include it from postgresql.conf.
-    Returns whether either file changed (False also when pgdata is not initialized yet)."""
+def local_nodes(data_dir: Path) -> int:
+    """How many servers of `data_dir` share this machine: the embedded server and the local nodes made beside
+    it (Citus workers and standbys, each in `<data-dir>/<kind>/<i>/pg`: agentdb/db/local_node.py)."""
+    return 1 + sum(1 for _ in data_dir.glob("*/[0-9]*/pg/PG_VERSION"))
+
+
+def write_tuning(pgdata: Path, nodes: int = 1) -> bool:
+    """Write the settings for one of `nodes` servers on this machine to `pgdata/agentdb.conf` and include it
+    from postgresql.conf. Returns whether either file changed (False also when pgdata is not initialized yet)."""
     conf = pgdata / "postgresql.conf"
     if not conf.exists():
         return False
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    lines = [f"{name} = '{value}'" for name, value in tuning(memory).items()]
-    settings = "# Written by agentdb at each start for this machine.\n" + "\n".join(lines) + "\n"
+    lines = [f"{name} = '{value}'" for name, value in tuning(memory, nodes).items()]
+    share = f"one of {nodes} servers on " if nodes > 1 else ""
+    settings = f"# Written by agentdb at each start for {share}this machine.\n" + "\n".join(lines) + "\n"
     path = pgdata / TUNING_FILE
     changed = not path.exists() or path.read_text() != settings
     if changed:

@@ -23,8 +23,10 @@ from agentdb.db.server import (
     Postmaster,
     _never_started,
     give_to_server_user,
+    local_nodes,
     read_postmaster,
     run_binary,
+    write_tuning,
 )
 from agentdb.errors import DatabaseSetupError, InvalidParamValue
 
@@ -122,6 +124,7 @@ def start_standby(data_dir: Path, number: int) -> Standby:
     # The copy's agentdb-accel.conf names the primary's build of the accelerator, in the primary's directory:
     # point it at the standby's own (the base backup carries the build; compiled here when it is missing).
     accel.prepare_embedded(pgdata, Path(_never_started().bin_path))
+    write_tuning(pgdata, local_nodes(data_dir))  # its own share of the machine's memory, not the primary's
     standby.start(
         f"standby {number}",
         hint=f"see its log {pgdata / 'log'}; deleting {pgdata.parent} makes a fresh copy at the next start",
