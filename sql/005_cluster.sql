@@ -17,3 +17,18 @@ begin
     end if;
 end;
 $$;
+
+-- The anchor key of each shard of the postings' co-location group, by the shard's id in agentdb.postings: of the
+-- keys 'shard_1' .. 'shard_1000', the first in text order that hashes to that shard. agentdb.shard_anchors holds
+-- them (agentdb/db/distribute.py), and every posting block of a shard carries its anchor as shard_key. A
+-- coordinator's only (PL/pgSQL: Citus's function is not known on one node when this is created).
+create or replace function agentdb_internal.shard_anchor_keys() returns table (shard bigint, key text)
+language plpgsql stable as $$
+begin
+    return query
+        select distinct on (k.shard) k.shard, k.key
+        from (select get_shard_id_for_distribution_column('agentdb.postings', 'shard_' || i) as shard, 'shard_' || i as key
+              from generate_series(1, 1000) i) k
+        order by k.shard, k.key;
+end;
+$$;

@@ -104,31 +104,37 @@ $$;
 -- without sorting, and hashing by term is cheaper than sorting). Nothing relies on that order but the width
 -- of a block's chunk range (term_stats.max_span, which lookups read). A block's bounds and offsets unnest its
 -- arrays in a select list, as term_postings does (in FROM each block's rows would be materialised first).
-create or replace function agentdb_internal.block_sql(rel text, grp text, sorted boolean) returns text
+-- `keyed`: `rel` has a column shard_key too, the anchor key of each posting's shard (a distributed source's:
+-- agentdb_internal.shard_anchor_keys), and a block holds the postings of one shard and carries its key.
+create or replace function agentdb_internal.block_sql(rel text, grp text, sorted boolean, keyed boolean default false)
+returns text
 language sql immutable as $$
 select format($q$
     per_term as (
-        select e.term, array_agg(e.chunk_id %3$s) as ids, array_agg(e.tf::int2 %3$s) as tfs,
+        select e.term%4$s, array_agg(e.chunk_id %3$s) as ids, array_agg(e.tf::int2 %3$s) as tfs,
                array_agg(e.dl %3$s) as dls, count(*) as n
-        from %1$s e group by e.term%2$s
+        from %1$s e group by e.term%4$s%2$s
     ), cut as (
-        select p.term, p.ids[i * 128 + 1 : i * 128 + 128] as ids, p.tfs[i * 128 + 1 : i * 128 + 128] as tfs,
+        select p.term%5$s, p.ids[i * 128 + 1 : i * 128 + 128] as ids, p.tfs[i * 128 + 1 : i * 128 + 128] as tfs,
                p.dls[i * 128 + 1 : i * 128 + 128] as dls
         from per_term p cross join lateral generate_series(0, (p.n - 1) / 128) as i
     ), blocks as (
         insert into agentdb.posting_blocks (source_id, term, first_chunk, last_chunk, max_tf, min_dl, offs,
-                                            narrow_offs, tfs, dls, narrow_dls)
+                                            narrow_offs, tfs, dls, narrow_dls, shard_key)
         select $1, c.term, m.lo, m.hi, m.max_tf, m.min_dl,
                case when m.hi - m.lo > 32767 then o.offs end, case when m.hi - m.lo <= 32767 then o.offs::int2[] end,
                c.tfs,
-               case when m.max_dl > 32767 then c.dls end, case when m.max_dl <= 32767 then c.dls::int2[] end
+               case when m.max_dl > 32767 then c.dls end, case when m.max_dl <= 32767 then c.dls::int2[] end,
+               %6$s
         from cut c cross join lateral (
             select min(u.id) as lo, max(u.id) as hi, max(u.tf) as max_tf, min(u.dl) as min_dl, max(u.dl) as max_dl
             from (select unnest(c.ids) as id, unnest(c.tfs) as tf, unnest(c.dls) as dl) u) m
         cross join lateral (select array_agg((u.id - m.lo)::int4) as offs from (select unnest(c.ids) as id) u) o
         returning term, first_chunk, last_chunk, max_tf, min_dl, cardinality(tfs) as n
     ) $q$, rel, case when grp = '' then '' else ', ' || grp end,
-    case when sorted then 'order by e.chunk_id' else '' end)
+    case when sorted then 'order by e.chunk_id' else '' end,
+    case when keyed then ', e.shard_key' else '' end, case when keyed then ', p.shard_key' else '' end,
+    case when keyed then 'c.shard_key' else 'null' end)
 $$;
 
 -- The final select of agentdb.lexical_add_sql's statement: the rows of `rel` counted, their lengths summed from
@@ -176,18 +182,26 @@ select case when layout = 'rows' then format($q$
     else format($q$
     -- the rows' tsvectors read once (a virtual agentdb_tsv is parsed where it is read: agentdb_internal.lexeme_rows),
     -- each chunk's length once, for its postings and for the total
+    -- (with `doc_key`, each chunk's shard, whose anchor key its postings' blocks carry)
     with batch as materialized (
-        select n.agentdb_chunk_id as chunk_id, n.agentdb_tsv as tsv from %1$s n
-    ), lengths as (
+        select n.agentdb_chunk_id as chunk_id, n.agentdb_tsv as tsv%4$s from %1$s n
+    ), %5$slengths as (
         select r.chunk_id, (select sum(coalesce(cardinality(x.positions), 1)) from unnest(r.tsv) x)::int as dl
         from batch r
     ), postings as (
-        select r.chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl
-        from batch r join lengths l using (chunk_id) cross join lateral unnest(r.tsv) as t
+        select r.chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf, l.dl%6$s
+        from batch r join lengths l using (chunk_id)%7$s cross join lateral unnest(r.tsv) as t
     ), %2$s, term_delta as (
         select term, sum(n) as df, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
         from blocks group by term
-    ) %3$s $q$, rel, agentdb_internal.block_sql('postings', '', sorted), agentdb_internal.lexical_delta_sql(rel))
+    ) %3$s $q$, rel, agentdb_internal.block_sql('postings', '', sorted, doc_key is not null),
+    agentdb_internal.lexical_delta_sql(rel),
+    case when doc_key is not null
+         then format(', get_shard_id_for_distribution_column(''agentdb.postings'', n.%I) as shard', doc_key) end,
+    case when doc_key is not null
+         then 'anchors as materialized (select a.shard, a.key from agentdb_internal.shard_anchor_keys() a), ' end,
+    case when doc_key is not null then ', a.key as shard_key' end,
+    case when doc_key is not null then ' join anchors a on a.shard = r.shard' end)
     end
 $$;
 
@@ -375,9 +389,45 @@ select format($q$removed_length as (
     )$q$, gone)
 $$;
 
+-- The CTE list that removes the postings of the rows of relation `rel` from source $1's blocks, ending in
+-- `blocks`: `gone` (chunk_id, term, tf) the removed postings, `ranges` (term, shard_key, lo, hi, n) their chunk
+-- ranges and counts by term, the blocks that held a removed chunk deleted (`hit`) and cut again without it
+-- (their bounds recomputed; an emptied block goes). With `doc_key` (as in agentdb.lexical_add_sql) the source is
+-- distributed: a removed chunk's blocks are those of its shard, by its anchor key, and each block is cut again
+-- on its shard.
+create or replace function agentdb_internal.block_removal_sql(rel text, doc_key text default null) returns text
+language sql immutable as $$
+select format($q$
+    gone as materialized (
+        select o.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf%2$s
+        from %1$s o cross join lateral unnest(o.agentdb_tsv) as t
+    ), %3$sranges as (
+        select g.term, %4$s as shard_key, min(g.chunk_id) as lo, max(g.chunk_id) as hi, count(*) as n
+        from gone g%5$s group by 1, 2
+    ), hit as (
+        delete from agentdb.posting_blocks b using ranges r
+        where b.source_id = $1 and b.term = r.term and b.first_chunk <= r.hi and b.last_chunk >= r.lo%6$s
+        returning b.term, b.shard_key, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls
+    ), kept as (
+        select u.term, u.shard_key, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl, u.first_chunk as old_first
+        from (select h.term, h.shard_key, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
+                     unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
+              from hit h) u
+        where not exists (select 1 from gone g where g.term = u.term and g.chunk_id = u.first_chunk + u.off)
+    ), %7$s $q$, rel,
+    case when doc_key is not null
+         then format(', get_shard_id_for_distribution_column(''agentdb.postings'', o.%I) as shard', doc_key) end,
+    case when doc_key is not null
+         then 'anchors as materialized (select a.shard, a.key from agentdb_internal.shard_anchor_keys() a), ' end,
+    case when doc_key is not null then 'a.key' else 'null::text' end,
+    case when doc_key is not null then ' join anchors a using (shard)' end,
+    case when doc_key is not null then ' and b.shard_key = r.shard_key' end,
+    agentdb_internal.block_sql('kept', 'e.old_first', false, doc_key is not null))
+$$;
+
 -- The statements that remove the postings and statistics of the rows of relation `rel` from a source of
--- layout `layout`; $1 is the source id. Blocks that held a removed chunk are rewritten without it (their
--- bounds recomputed; an emptied block goes); the term bounds stay (still valid, maybe loose). With `doc_key`
+-- layout `layout`; $1 is the source id. Blocks that held a removed chunk are rewritten without it
+-- (agentdb_internal.block_removal_sql); the term bounds stay (still valid, maybe loose). With `doc_key`
 -- (as in agentdb.lexical_add_sql) a posting is matched by its document too: on a distributed source that is
 -- the join of co-located shards. The rows' tsvectors are read once (a virtual agentdb_tsv is parsed where it
 -- is read: agentdb_internal.lexeme_rows): the first statement counts the rows, which reads none, and takes the
@@ -402,26 +452,11 @@ select array[
     where s.source_id = $1 and s.term = g.term
     $q$, rel, ' and p.doc_id = o.' || quote_ident(doc_key), agentdb_internal.removed_length_sql('gone'))
     else format($q$
-    with gone as materialized (
-        select o.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf
-        from %s o cross join lateral unnest(o.agentdb_tsv) as t
-    ), ranges as (
-        select term, min(chunk_id) as lo, max(chunk_id) as hi, count(*) as n from gone group by term
-    ), hit as (
-        delete from agentdb.posting_blocks b using ranges r
-        where b.source_id = $1 and b.term = r.term and b.first_chunk <= r.hi and b.last_chunk >= r.lo
-        returning b.term, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls
-    ), kept as (
-        select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl, u.first_chunk as old_first
-        from (select h.term, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
-                     unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
-              from hit h) u
-        where not exists (select 1 from gone g where g.term = u.term and g.chunk_id = u.first_chunk + u.off)
-    ), %s, %s
+    with %s, %s
     update agentdb.term_stats s set df = s.df - r.n
-    from (select term, n from ranges order by term) r
+    from (select term, sum(n) as n from ranges group by term order by term) r
     where s.source_id = $1 and s.term = r.term
-    $q$, rel, agentdb_internal.removed_length_sql('gone'), agentdb_internal.block_sql('kept', 'e.old_first', false))
+    $q$, agentdb_internal.block_removal_sql(rel, doc_key), agentdb_internal.removed_length_sql('gone'))
     end,
     'delete from agentdb.term_stats where source_id = $1 and df <= 0'
 ];
@@ -508,13 +543,14 @@ begin
     if op = 'remove' and src.distributed then
         -- Citus refuses a statement that reads a distributed table and writes a reference table when the
         -- read goes to one shard (all of doc_ids hash there). So the removed chunks' count and length are
-        -- read first and their postings deleted on their shards, each statement touching one kind of table;
-        -- then the statistics lose those values, as lexical_remove_sql's statements take them off.
+        -- read first and their postings deleted on their shards (in the block layout, the blocks that held them
+        -- cut again there), each statement touching one kind of table; then the statistics lose those values,
+        -- as lexical_remove_sql's statements take them off.
         execute format($q$
             select count(*), coalesce(sum((select sum(coalesce(cardinality(t.positions), 1))
                                            from unnest(r.agentdb_tsv) t)), 0)
             from %s r$q$, rel) into removed_chunks, removed_len using src.id, doc_ids;
-        execute format($q$
+        execute case when layout = 'rows' then format($q$
             with gone as (
                 delete from agentdb.postings p
                 using %s o cross join lateral unnest(o.agentdb_tsv) as t
@@ -524,6 +560,11 @@ begin
             )
             select coalesce(array_agg(term order by term), '{}'), coalesce(array_agg(n order by term), '{}')
             from (select term, count(*)::int as n from gone group by term) g$q$, rel, agentdb_internal.route_column(src))
+            else format($q$
+            with %s
+            select coalesce(array_agg(term order by term), '{}'), coalesce(array_agg(n order by term), '{}')
+            from (select term, sum(n)::int as n from ranges group by term) g$q$,
+            agentdb_internal.block_removal_sql(rel, agentdb_internal.route_column(src))) end
             into removed_terms, removed_dfs using src.id, doc_ids;
         update agentdb.corpus_stats c set n_chunks = c.n_chunks - removed_chunks, total_len = c.total_len - removed_len
         where c.source_id = src.id;
@@ -595,23 +636,31 @@ language plpgsql as $$
 declare
     src agentdb.sources;
     rel text;
+    keyed boolean;
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
         perform agentdb.raise_unknown_source(source_name);
     end if;
     rel := format('%I.%I', src.table_schema, src.table_name);
+    -- A distributed source's block postings are checked with the block's shard key too: each chunk's postings
+    -- must lie in a block that carries the anchor key of the chunk's shard (removals find them by it).
+    keyed := src.distributed and src.lexical_layout = 'blocks';
     return query execute format($q$
         with entries as (
-            select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf
-            from %s n cross join lateral unnest(n.agentdb_tsv) as t
+            select n.agentdb_chunk_id as chunk_id, t.lexeme as term, coalesce(cardinality(t.positions), 1) as tf,
+                   %2$s as shard
+            from %1$s n cross join lateral unnest(n.agentdb_tsv) as t
+        ), anchors as materialized (%3$s
         ), expected as (
-            select e.term, e.chunk_id, e.tf, sum(e.tf) over (partition by e.chunk_id)::int as dl from entries e
+            select e.term, e.chunk_id, e.tf, sum(e.tf) over (partition by e.chunk_id)::int as dl, a.key as anchor
+            from entries e left join anchors a on a.shard = e.shard
         ), actual as (
-            select term, chunk_id, tf, dl from agentdb.postings where source_id = $1
+            select term, chunk_id, tf, dl, null::text as anchor from agentdb.postings where source_id = $1
             union all
-            select u.term, u.first_chunk + u.off, u.tf, u.dl
-            from (select b.term, b.first_chunk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+            select u.term, u.first_chunk + u.off, u.tf, u.dl, u.shard_key
+            from (select b.term, b.first_chunk, b.shard_key,
+                         unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
                          unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
                   from agentdb.posting_blocks b where b.source_id = $1) u
         ), block_contents as (
@@ -652,9 +701,14 @@ begin
         -- A chunk's length is the sum of its terms' frequencies: the rows are counted without reading their
         -- tsvectors again (a virtual agentdb_tsv is parsed where it is read).
         select 'corpus_stats', count(*) from (
-            select (select count(*) from %s n) as n, (select coalesce(sum(e.tf), 0) from expected e) as len
+            select (select count(*) from %1$s n) as n, (select coalesce(sum(e.tf), 0) from expected e) as len
             except select n_chunks, total_len from agentdb.corpus_stats where source_id = $1) d
-    $q$, rel, rel) using src.id, src.lexical_layout;
+    $q$, rel,
+    case when keyed then format('get_shard_id_for_distribution_column(''agentdb.postings'', n.%I)',
+                                agentdb_internal.route_column(src))
+         else 'null::bigint' end,
+    case when keyed then 'select a.shard, a.key from agentdb_internal.shard_anchor_keys() a'
+         else 'select null::bigint as shard, null::text as key where false' end) using src.id, src.lexical_layout;
 end;
 $$;
 
@@ -697,12 +751,18 @@ declare
     src agentdb.sources;
     range_sql text := concat(' and b.term >= ' || quote_literal(term_from), ' and b.term < ' || quote_literal(term_to),
                              case when terms is not null then ' and b.term = any ($2)' end);
-    accel constant boolean := agentdb_internal.lexical_write_accel('merged_blocks');
+    -- A distributed source's blocks live on the workers: the accelerator, on the coordinator, reads none of them.
+    accel boolean;
+    terms_cut text[];
+    max_tfs int[];
+    min_dls int[];
+    max_spans bigint[];
 begin
     select * into src from agentdb.sources where name = source_name;
     if not found then
         perform agentdb.raise_unknown_source(source_name);
     end if;
+    accel := agentdb_internal.lexical_write_accel('merged_blocks') and not src.distributed;
     perform 1 from agentdb.corpus_stats c where c.source_id = src.id for share;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
         into blocks_before using src.id, terms;
@@ -710,33 +770,43 @@ begin
     -- accelerator's agentdb_accel.merged_blocks from the blocks as they stand (the statement's snapshot, which
     -- its delete does not change), or in SQL from the deleted blocks' postings, a row each
     -- (agentdb_internal.block_sql). The same blocks either way. The insert waits for the whole delete (the
-    -- count of `hit`, evaluated before its first row): a term's new first block keeps its old key.
+    -- count of `hit`, evaluated before its first row): a term's new first block keeps its old key. On a
+    -- distributed source a block holds one shard's chunks: the postings a term needs are counted shard by
+    -- shard, and a term is cut again on every shard (its bounds are then exact, from all of its blocks). The
+    -- terms' new bounds go to term_stats in a statement of their own (Citus writes no reference table in a
+    -- statement that wrote the distributed blocks).
     execute format($q$
         with terms as (
-            select b.term from agentdb.posting_blocks b where b.source_id = $1 %s
-            group by b.term having count(*) * 4 > ceil(sum(cardinality(b.tfs)) / 128.0) * 5
+            select x.term
+            from (select b.term, count(*) as n, ceil(sum(cardinality(b.tfs)) / 128.0) as need
+                  from agentdb.posting_blocks b where b.source_id = $1 %s
+                  group by b.term, b.shard_key) x
+            group by x.term having sum(x.n) * 4 > sum(x.need) * 5
         ), hit as (
             delete from agentdb.posting_blocks b using terms t where b.source_id = $1 and b.term = t.term
             returning %s
         ), %s
-        update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
+        select coalesce(array_agg(n.term order by n.term), '{}'), coalesce(array_agg(n.max_tf order by n.term), '{}'),
+               coalesce(array_agg(n.min_dl order by n.term), '{}'), coalesce(array_agg(n.max_span order by n.term), '{}')
         from (select term, max(max_tf) as max_tf, min(min_dl) as min_dl, max(last_chunk - first_chunk) as max_span
-              from blocks group by term order by term) n
-        where s.source_id = $1 and s.term = n.term $q$, range_sql,
+              from blocks group by term) n $q$, range_sql,
         -- the SQL cut reads the deleted blocks' arrays; merged_blocks reads the blocks itself
         case when accel then 'b.term'
-             else 'b.term, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls' end,
+             else 'b.term, b.shard_key, b.first_chunk, b.offs, b.narrow_offs, b.tfs, b.dls, b.narrow_dls' end,
         case when accel then format('blocks as (%s) ', agentdb_internal.cut_blocks_insert_sql(
             'agentdb_accel.merged_blocks($1, (select array_agg(t.term order by t.term) from terms t)) b',
             'where (select count(*) from hit) > 0'))
         else $c$
         kept as (
-            select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
-            from (select h.term, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
+            select u.term, u.shard_key, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
+            from (select h.term, h.shard_key, h.first_chunk, unnest(agentdb_internal.block_ints(h.offs, h.narrow_offs)) as off,
                          unnest(h.tfs) as tf, unnest(agentdb_internal.block_ints(h.dls, h.narrow_dls)) as dl
                   from hit h) u
-        ), $c$ || agentdb_internal.block_sql('kept', '', true) end)
-        using src.id, terms;
+        ), $c$ || agentdb_internal.block_sql('kept', '', true, src.distributed) end)
+        into terms_cut, max_tfs, min_dls, max_spans using src.id, terms;
+    update agentdb.term_stats s set max_tf = n.max_tf, min_dl = n.min_dl, max_span = n.max_span
+    from unnest(terms_cut, max_tfs, min_dls, max_spans) as n(term, max_tf, min_dl, max_span)
+    where s.source_id = src.id and s.term = n.term;
     execute 'select count(*) from agentdb.posting_blocks b where b.source_id = $1' || range_sql
         into blocks_after using src.id, terms;
 end;
@@ -759,6 +829,25 @@ begin
     if layout is null or layout not in ('rows', 'blocks') then
         perform agentdb.invalid_param(
             format('lexical layout must be ''rows'' or ''blocks'', not %L', layout), 'layout');
+    end if;
+    -- On a Citus coordinator blocks are distributed by shard (agentdb/db/distribute.py): only the chunks of a
+    -- source whose table is distributed by shard have one (a memory store's records are a reference table, a
+    -- copy on every node), and principals do not read a distributed source's blocks yet. (Nested: pg_dist_partition
+    -- exists only where Citus does.)
+    if layout = 'blocks' and agentdb_internal.on_citus() then
+        if not exists (select 1 from pg_dist_partition d
+                       where d.logicalrelid = format('%I.%I', src.table_schema, src.table_name)::regclass
+                         and d.partmethod = 'h') then
+            perform agentdb.invalid_param(
+                format('source %L is not distributed by shard, and on a coordinator only sources distributed by'
+                       ' shard keep block postings', src.name), 'layout', 'keep the ''rows'' layout');
+        end if;
+    end if;
+    if layout = 'blocks' and src.distributed
+       and exists (select 1 from agentdb.principals p where src.name = any (p.tables)) then
+        perform agentdb.invalid_param(
+            format('source %L is distributed by Citus and read by principals, who cannot read its block postings'
+                   ' there yet', src.name), 'layout', 'keep the ''rows'' layout');
     end if;
     if layout = 'blocks'
        and (exists (select 1 from agentdb.principals p where src.name = any (p.tables))

@@ -75,7 +75,7 @@ create or replace function agentdb_internal.bm25_maxscore(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[], max_spans bigint[],
     cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
-    postings_rel text default null
+    postings_rel text default null, shard_blocks boolean default false
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
@@ -86,15 +86,24 @@ declare
     t_ub float8[];
     t_df bigint[];
     t_span bigint[];
-    -- The postings read: agentdb.postings (and the blocks), or `postings_rel`, one shard of them in the row
-    -- layout (agentdb_internal.shard_maxscore), read directly.
-    postings constant text := coalesce(postings_rel, 'agentdb.postings');
-    term_postings constant text := case when postings_rel is null then 'agentdb_internal.term_postings($9, $4, $7)'
+    -- The postings read: agentdb.postings (and the blocks), or `postings_rel`, one shard of them
+    -- (agentdb_internal.shard_maxscore), read directly: of agentdb.posting_blocks when `shard_blocks`, else of
+    -- agentdb.postings.
+    postings constant text := case when shard_blocks then 'agentdb.postings' else coalesce(postings_rel, 'agentdb.postings') end;
+    blocks_rel constant text := case when shard_blocks then postings_rel else 'agentdb.posting_blocks' end;
+    term_postings constant text := case
+        when postings_rel is null then 'agentdb_internal.term_postings($9, $4, $7)'
+        when shard_blocks then format($q$
+            (select u.term, u.first_chunk + u.off as chunk_id, u.wk, u.tf::int as tf, u.dl
+             from (select t.term, b.first_chunk, t.wk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+                          unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
+                   from unnest($4::text[], $7::float8[]) as t(term, wk)
+                   join %s b on b.source_id = $9 and b.term = t.term) u) $q$, postings_rel)
         else format('(select t.term, p.chunk_id, t.wk, p.tf, p.dl from unnest($4::text[], $7::float8[]) as t(term, wk)'
                     ' join %s p on p.source_id = $9 and p.term = t.term)', postings_rel) end;
     -- Whether the source keeps blocks (read in the body: on a shard the catalog is not read, as a reference
     -- table there would be a distributed query of its own).
-    blocks boolean := false;
+    blocks boolean := shard_blocks;
     -- A principal's role reads no block itself (its block postings come through term_postings): it joins, and
     -- primes theta from its sums alone (a lookup in the blocks would find nothing).
     blocks_hidden boolean;
@@ -134,14 +143,14 @@ declare
     row_lookup constant text := replace($q$
         (select %3$s * p.tf / (p.tf + $8 + $10 * p.dl) from agentdb.postings p
          where p.source_id = $9 and p.term = %2$s and p.chunk_id = %1$s) $q$, 'agentdb.postings', postings);
-    block_lookup constant text := $q$
+    block_lookup constant text := replace($q$
         (select %3$s * b.tfs[k.i] / (b.tfs[k.i] + $8 + $10 * coalesce(b.dls[k.i], b.narrow_dls[k.i]))
          from agentdb.posting_blocks b
          cross join lateral (select array_position(agentdb_internal.block_ints(b.offs, b.narrow_offs),
                                                    (%1$s - b.first_chunk)::int4) as i) k
          where b.source_id = $9 and b.term = %2$s and b.first_chunk between %1$s - %4$s and %1$s
            and b.last_chunk >= %1$s and k.i is not null
-         limit 1) $q$;
+         limit 1) $q$, 'agentdb.posting_blocks', blocks_rel);
     add_term_block_lookup constant text := format($q$
         select coalesce(array_agg(h.chunk_id), '{}'), coalesce(array_agg(h.known + coalesce(h.c, 0)), '{}')
         from (select h.chunk_id, h.known, %s as c from unnest($1::bigint[], $2::float8[]) as h(chunk_id, known)) h
@@ -281,15 +290,18 @@ $$;
 -- (score desc, chunk id), with their scores; the coordinator merges the shards' lists. The statistics in the
 -- weights and avgdl are the source's, so a chunk scores as on one node.
 create or replace function agentdb_internal.shard_maxscore(
-    anchor text, docs text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
+    anchor text, docs text, layout text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
     min_dls int[], max_spans bigint[], cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
     out ids bigint[], out scores float8[]
 )
 language plpgsql stable as $$
 declare
-    postings_shard constant text := shard_name('agentdb.postings'::regclass,
-                                               get_shard_id_for_distribution_column('agentdb.postings', anchor));
+    -- the shard of the source's postings in its layout (`layout`: the catalog is not read on a shard)
+    postings_table constant regclass := case when layout = 'blocks' then 'agentdb.posting_blocks'::regclass
+                                             else 'agentdb.postings'::regclass end;
+    postings_shard constant text := shard_name(postings_table,
+                                               get_shard_id_for_distribution_column(postings_table, anchor));
     docs_shard constant text := shard_name(docs::regclass, get_shard_id_for_distribution_column(docs, anchor));
 begin
     select coalesce(array_agg(m.cid order by m.bm25 desc, m.cid), '{}'),
@@ -297,7 +309,8 @@ begin
     into ids, scores
     from agentdb_internal.bm25_maxscore(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, cand, avgdl, k1,
                                         b, seed_budget, replace(filter_sql, docs, docs_shard), filter_params,
-                                        row_params, exclude_doc, fq_params, ex_params, postings_shard) m;
+                                        row_params, exclude_doc, fq_params, ex_params, postings_shard,
+                                        layout = 'blocks') m;
 end;
 $$;
 
@@ -628,22 +641,29 @@ begin
                          then agentdb_internal.lexical_path() else 'sql' end;
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
-    elsif src.distributed and qt.postings > seed_budget and tenant is null and src.table_schema <> 'agentdb_memory' then
-        -- A source distributed by Citus whose query's postings exceed the seed budget: MaxScore on every shard
-        -- (agentdb_internal.shard_maxscore, one call a shard of agentdb.shard_anchors, run by the worker holding
-        -- it), each shard's best cand merged here by score. A read routed to one tenant's shard, and a memory
-        -- store's records (a reference table, a copy on every node), sum as below.
+    elsif src.distributed and src.table_schema <> 'agentdb_memory'
+          and (src.lexical_layout = 'blocks' or (qt.postings > seed_budget and tenant is null)) then
+        -- A source distributed by Citus whose query's postings exceed the seed budget, or that keeps blocks (a
+        -- block holds chunks of many documents, so its postings cannot be summed by document on each shard):
+        -- MaxScore on every shard (agentdb_internal.shard_maxscore, one call a shard of agentdb.shard_anchors,
+        -- run by the worker holding it), each shard's best cand merged here by score; a read routed to one
+        -- tenant's shard calls it on that shard's anchor alone. Rows routed to a tenant, and a memory store's
+        -- records (a reference table, a copy on every node), sum as below.
         sparse_sql := format($q$
             select u.cid, u.bm25
-            from (select agentdb_internal.shard_maxscore(a.key, %L, $9, $2, $21, $22, $23, $24, $25, $3, $11, $12,
-                                                         $13, $19, %L, $5, $6, $14, $17, $18) as m
-                  from agentdb.shard_anchors a) x
+            from (select agentdb_internal.shard_maxscore(a.key, %L, %L, $9, $2, $21, $22, $23, $24, $25, $3, $11,
+                                                         $12, $13, $19, %L, $5, $6, $14, $17, $18) as m
+                  from agentdb.shard_anchors a%s) x
             cross join lateral unnest((x.m).ids, (x.m).scores) as u(cid, bm25)
             order by u.bm25 desc, u.cid
             limit $3 $q$,
-            format('%I.%I', src.table_schema, src.table_name),
+            format('%I.%I', src.table_schema, src.table_name), src.lexical_layout,
             case when open_rows then '' else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
-                                                    rel, pred, row_pred) end);
+                                                    rel, pred, row_pred) end,
+            -- the anchor key of the tenant's shard, one of agentdb's own keys (a constant, so Citus prunes)
+            case when tenant is not null then format(' where a.key = %L',
+                (select a.key from agentdb_internal.shard_anchor_keys() a
+                 where a.shard = get_shard_id_for_distribution_column('agentdb.postings', tenant))) end);
     elsif src.distributed then
         -- A source distributed by Citus (agentdb/db/distribute.py): each shard sums the postings of its own
         -- chunks (grouped by the distribution column, so Citus runs the whole statement on every shard, the

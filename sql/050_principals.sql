@@ -482,7 +482,12 @@ begin
         rel := format('%I.%I', src.table_schema, src.table_name);
         -- Block postings are read through agentdb_internal.principal_block_postings, which applies the
         -- principal's own policy and no other.
-        if src.lexical_layout = 'blocks' then
+        if src.lexical_layout = 'blocks' and src.distributed then
+            perform agentdb.invalid_param(
+                format('source %L is distributed by Citus and keeps block postings, which principals cannot read'
+                       ' there yet (their block reads run on one node)', src.name), 'tables',
+                format('move the source to row postings first: agentdb optimize %s --layout rows', src.name));
+        elsif src.lexical_layout = 'blocks' then
             foreign_policies := agentdb.principal_foreign_policies(rel::regclass);
             if cardinality(foreign_policies) > 0 then
                 perform agentdb.invalid_param(

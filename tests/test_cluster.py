@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ from agentdb.api import create_app
 from agentdb.auth import create_principal, delete_principal, principal_scope
 from agentdb.cli import main
 from agentdb.config import Settings
+from agentdb.db import run_sql
 from agentdb.db.citus import SOURCE_ENV, build, build_key, cache_root, install, pg_config, pg_config_value
 from agentdb.db.cluster import list_workers, start_workers, stop_worker
 from agentdb.db.distribute import CATALOG, SHARD_COUNT
@@ -51,7 +53,7 @@ from agentdb.memory import (
     write_records,
     write_relations,
 )
-from agentdb.sources import FieldSpec, create_document_source, drop_source
+from agentdb.sources import FieldSpec, drop_source
 
 
 def _status(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -258,33 +260,56 @@ def test_migrate_refuses_a_citus_older_than_14(
     require_citus_version(conn)
 
 
-def test_the_block_key_migration_upgrades_a_cluster_made_before_it(citus_cluster: Path) -> None:
-    """Migration 0026 on a coordinator whose catalog is already made of reference tables (a cluster made before
-    the migration): Citus takes an ALTER TABLE's ADD CONSTRAINT only alone, and the key ends up holding the
-    blocks' bounds on every node."""
+def test_the_block_shard_key_migration_upgrades_a_cluster_made_before_it(citus_cluster: Path) -> None:
+    """A coordinator made before migration 0027 kept agentdb.posting_blocks as a reference table (empty there: its
+    sources kept rows) with a foreign key to the catalog. `agentdb migrate` adds the shard key and distributes
+    the blocks by it, co-located with the postings, their key holding the shard key last and the bounds on
+    every shard."""
     with psycopg.connect(_coordinator_url(citus_cluster), autocommit=True) as conn:
+        with conn.transaction():  # the table as such a coordinator has it
+            conn.execute("set local citus.multi_shard_modify_mode to 'sequential'")
+            conn.execute("select undistribute_table('agentdb.posting_blocks')")
+            conn.execute("alter table agentdb.posting_blocks drop constraint posting_blocks_pkey")
+            conn.execute("alter table agentdb.posting_blocks drop column shard_key")
+            conn.execute(
+                "alter table agentdb.posting_blocks add constraint posting_blocks_pkey"
+                " primary key (source_id, term, first_chunk) include (last_chunk, max_tf, min_dl)"
+            )
+            conn.execute("select create_reference_table('agentdb.posting_blocks')")
+            conn.execute(
+                "alter table agentdb.posting_blocks add foreign key (source_id)"
+                " references agentdb.sources (id) on delete cascade"
+            )
+            conn.execute("delete from agentdb.schema_migrations where version = 27")
         assert conn.execute(
             "select partmethod from pg_dist_partition where logicalrelid = 'agentdb.posting_blocks'::regclass"
         ).fetchone() == ("n",)  # a reference table
-        conn.execute("alter table agentdb.posting_blocks drop constraint posting_blocks_pkey")
-        conn.execute(
-            "alter table agentdb.posting_blocks add constraint posting_blocks_pkey"
-            " primary key (source_id, term, first_chunk)"
-        )
-        conn.execute("delete from agentdb.schema_migrations where version = 26")
         migrate(conn)
-        assert conn.execute("select version from agentdb.schema_migrations where version = 26").fetchone()
+        assert conn.execute("select version from agentdb.schema_migrations where version = 27").fetchone()
+        placed = conn.execute(
+            "select partmethod, colocationid = (select colocationid from pg_dist_partition"
+            " where logicalrelid = 'agentdb.postings'::regclass)"
+            " from pg_dist_partition where logicalrelid = 'agentdb.posting_blocks'::regclass"
+        ).fetchone()
+        assert placed == ("h", True)
         key = conn.execute("select pg_get_indexdef('agentdb.posting_blocks_pkey'::regclass)").fetchone()
         assert key is not None and key[0].endswith(
-            "(source_id, term, first_chunk) INCLUDE (last_chunk, max_tf, min_dl)"
+            "(source_id, term, first_chunk, shard_key) INCLUDE (last_chunk, max_tf, min_dl)"
         )
+    shards = 0
     for worker in list_workers(citus_cluster):
         with psycopg.connect(worker.url(), autocommit=True) as conn:
-            shard_key = conn.execute(
+            conn.execute("set citus.show_shards_for_app_name_prefixes = '*'")  # Citus hides them otherwise
+            keys = conn.execute(
                 "select pg_get_indexdef(i.indexrelid) from pg_index i join pg_class c on c.oid = i.indrelid"
-                " where c.relname like 'posting_blocks%' and i.indisprimary"
-            ).fetchone()
-        assert shard_key is not None and "INCLUDE (last_chunk, max_tf, min_dl)" in shard_key[0], worker.name
+                " where c.relname ~ '^posting_blocks_[0-9]+$' and i.indisprimary"
+            ).fetchall()
+        shards += len(keys)
+        assert all(
+            k[0].endswith("(source_id, term, first_chunk, shard_key) INCLUDE (last_chunk, max_tf, min_dl)")
+            for k in keys
+        ), worker.name
+    assert shards == SHARD_COUNT
 
 
 def _random_corpus(path: Path, seed: int, count: int = 80) -> list[list[float]]:
@@ -406,9 +431,11 @@ def test_a_distributed_source_answers_as_one_node(
             ).fetchall()
         )
         # h: hash-distributed, n: a reference table
-        assert kinds == {"agentdb.postings": "h", "agentdb.shard_anchors": "h"} | {
-            table: "n" for table in CATALOG
-        }
+        assert kinds == {
+            "agentdb.postings": "h",
+            "agentdb.shard_anchors": "h",
+            "agentdb.posting_blocks": "h",
+        } | {table: "n" for table in CATALOG}
         triggers = conn.execute(
             "select count(*) from pg_trigger where tgrelid = 'agentdb_docs.equal'::regclass"
             " and tgname like 'agentdb%'"
@@ -424,14 +451,6 @@ def test_a_distributed_source_answers_as_one_node(
             " from pg_attribute where attrelid = '%s'::regclass and attname = 'agentdb_tsv'$$)"
         ).fetchall()
         assert on_shards == [("v",)]
-        # A distributed source keeps row postings (a block spans documents on many shards); nothing is made.
-        configure(conn)
-        with pytest.raises(InvalidParamValue, match="keeps its postings in rows") as refused:
-            create_document_source(
-                conn, "blocky", embedding_model="m", embedding_dim=4, lexical_layout="blocks"
-            )
-        assert refused.value.path == "lexical_layout"
-        assert conn.execute("select to_regclass('agentdb_docs.blocky')").fetchone() == (None,)
     # One document's removal reads one shard and writes the reference statistics (the bug it once was: a
     # 500, "cannot perform select on a distributed table and modify a reference table").
     for url in (coordinator, db_url):
@@ -448,6 +467,122 @@ def test_a_distributed_source_answers_as_one_node(
         ("zeta zeta eta", vectors[3], {"team": {"$in": ["t0", "t2"]}}),
     ]
     _same_hits(_answers(coordinator, queries), _answers(db_url, queries))
+
+
+def test_a_distributed_source_in_blocks_answers_as_one_node(
+    citus_cluster: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Any
+) -> None:
+    """A distributed source may keep its postings in blocks: agentdb.posting_blocks is distributed by shard key,
+    co-located with the postings, and each block holds chunks of one shard and carries that shard's anchor key
+    (agentdb.lexical_check verifies both). Through a bulk load, a re-ingest of a quarter of the documents,
+    single-document writes (each merged after it), a deletion and `agentdb optimize`, the statistics equal one
+    node's, the index its rows, and search (lexical at top 10 and 100 at every seed budget, hybrid, dense) one
+    node's hits and scores: MaxScore runs on each shard over its blocks. A source distributed by tenant reads one
+    shard's blocks when the filter fixes the tenant. Principals cannot read a distributed source's blocks yet:
+    granting one is refused, and so is a coordinator's source that is not distributed moving to blocks."""
+    corpus, changed = tmp_path / "blocky.jsonl", tmp_path / "changed.jsonl"
+    vectors = _random_corpus(corpus, seed=31, count=240)
+    _random_corpus(changed, seed=32, count=60)  # d0..d59 again
+    singles = []
+    for i, line in enumerate(_random_corpus_lines(seed=33, count=12, first=300)):
+        singles.append(tmp_path / f"single{i}.jsonl")
+        singles[-1].write_text(line)
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        for name, args in (("blocky", []), ("tenanted", ["--tenant-field", "team"])):
+            assert main(["ingest", name, str(corpus), "--layout", "blocks", "--no-progress", *args]) == 0
+            assert main(["ingest", name, str(changed), "--no-progress"]) == 0
+            for single in singles:
+                assert main(["ingest", name, str(single), "--no-progress"]) == 0
+        with TestClient(create_app(Settings(database_url=url)), base_url="http://127.0.0.1") as client:
+            assert client.delete("/sources/blocky/documents/d30").status_code == 204
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        layouts = conn.execute(
+            "select name, lexical_layout, distributed from agentdb.sources order by name"
+        ).fetchall()
+        assert ("blocky", "blocks", True) in layouts and ("tenanted", "blocks", True) in layouts
+        colocated = conn.execute(
+            "select count(distinct colocationid) from pg_dist_partition"
+            " where logicalrelid in ('agentdb.posting_blocks'::regclass, 'agentdb.postings'::regclass)"
+        ).fetchone()
+        assert colocated == (1,)
+        anchors = {r[0] for r in conn.execute("select key from agentdb.shard_anchors")}
+        keys = {
+            r[0]
+            for r in conn.execute(
+                "select distinct shard_key from agentdb.posting_blocks"
+                " where source_id = (select id from agentdb.sources where name = 'blocky')"
+            )
+        }
+        assert keys == anchors and len(anchors) == SHARD_COUNT
+    queries: list[tuple[str, list[float], dict[str, Any] | None]] = [
+        ("alpha beta gamma delta epsilon", vectors[0], None),
+        ("rho pi omicron xi nu mu", vectors[1], {"team": {"$in": ["t0", "t2"]}}),
+        ("zeta eta theta iota kappa kappa", vectors[2], {"team": {"$ne": "t1"}}),
+        ("lambda", vectors[3], None),
+    ]
+    tenant_queries: list[tuple[str, list[float], dict[str, Any] | None]] = [
+        ("alpha beta gamma", vectors[0], {"team": "t1"}),
+        ("rho pi omicron xi nu mu", vectors[1], {"team": "t2"}),
+    ]
+
+    def same_everywhere() -> None:
+        for name in ("blocky", "tenanted"):
+            cluster_stats = _statistics(coordinator, name)
+            assert cluster_stats == _statistics(db_url, name)
+            assert all(mismatches == 0 for _, mismatches in cluster_stats[2])
+        for seed in (1, 60, None):
+            for top_k in (10, 100):
+                _same_hits(
+                    _answers(coordinator, queries, source="blocky", top_k=top_k, seed_postings=seed),
+                    _answers(db_url, queries, source="blocky", top_k=top_k, seed_postings=seed),
+                )
+        _same_hits(
+            _answers(coordinator, tenant_queries, source="tenanted"),
+            _answers(db_url, tenant_queries, source="tenanted"),
+        )
+
+    same_everywhere()
+    for url in (coordinator, db_url):
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert main(["optimize", "blocky"]) == 0
+    same_everywhere()
+    # Every shard runs MaxScore over its blocks; a read fixed to one tenant, on that tenant's shard alone.
+    for source, where, calls in (("blocky", None, SHARD_COUNT), ("tenanted", {"team": "t1"}, 1)):
+        sent: list[str] = []
+        _, _, found = _shards_read(
+            coordinator, source, "alpha beta", vectors[0], "lexical", where, None, None, sent
+        )
+        assert found > 0 and sum("shard_maxscore(" in m for m in sent) == calls, source
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        configure(conn)
+        with pytest.raises(InvalidParamValue, match="principals cannot read") as refused:
+            create_principal(conn, "blocked", tables=["blocky"])
+        assert refused.value.path == "tables"
+        assert conn.execute("select count(*) from agentdb.principals where name = 'blocked'").fetchone() == (
+            0,
+        )
+        # A memory store's records: a reference table, on every node, not distributed by shard.
+        write_records(conn, "blocknotes", [{"text": "a note to keep"}], embedder=embedder)
+        store = conn.execute(
+            "select name from agentdb.sources where table_schema = 'agentdb_memory' limit 1"
+        ).fetchone()
+        assert store is not None
+        with pytest.raises(
+            InvalidParamValue, match="only sources distributed by shard keep block"
+        ) as refused:
+            run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, 'blocks')", {"s": store[0]})
+        assert refused.value.path == "layout"
+        drop_store(conn, "blocknotes")
+
+
+def _random_corpus_lines(seed: int, count: int, first: int) -> list[str]:
+    """`count` documents as _random_corpus writes them, with ids from d{first}, one JSONL line each."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "lines.jsonl"
+        _random_corpus(path, seed=seed, count=first + count)
+        return path.read_text().splitlines(keepends=True)[first:]
 
 
 def test_the_lexical_leg_prunes_on_every_shard_and_answers_as_one_node(

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.cluster import citus_version
-from agentdb.errors import InvalidParamValue
+from agentdb.errors import DatabaseSetupError
 
 if TYPE_CHECKING:
     from agentdb.sources import Source
@@ -62,7 +62,6 @@ CATALOG = (
     "agentdb.memory_stores",
     "agentdb.principal_grants",
     "agentdb.saved_agents",
-    "agentdb.posting_blocks",
 )
 # What Citus refuses on a reference table, replaced first: the catalog's two row triggers (sql/050, sql/080
 # create them only without Citus), and the two policies with subqueries ("Subqueries are not supported in
@@ -88,13 +87,17 @@ def prepare(conn: psycopg.Connection[Any]) -> bool:
     made reference tables, in one transaction. A distributed table's unique indexes must hold its distribution
     column, so the postings' index becomes a plain one (a posting is unique by construction: the writers add a
     chunk's postings once), and it cannot have a foreign key with a cascade to a table that is not a reference
-    table yet, so their foreign key to the catalog goes (dropping a source deletes its postings)."""
+    table yet, so their foreign key to the catalog goes (dropping a source deletes its postings), and so does the
+    posting blocks' (distribute_blocks distributes them)."""
     if not on_citus(conn) or _distributed(conn, "agentdb.sources"):
         return False
     with conn.transaction():
         # One connection per node for the whole transaction: it changes reference tables after a distributed one.
         conn.execute("set local citus.multi_shard_modify_mode to 'sequential'")
         conn.execute("alter table agentdb.postings drop constraint if exists postings_source_id_fkey")
+        conn.execute(
+            "alter table agentdb.posting_blocks drop constraint if exists posting_blocks_source_id_fkey"
+        )
         conn.execute("drop index agentdb.postings_term_idx")
         conn.execute(
             "create index postings_term_idx on agentdb.postings (source_id, term, chunk_id) include (tf, dl)"
@@ -130,16 +133,55 @@ def ensure_shard_anchors(conn: psycopg.Connection[Any]) -> None:
         # The first key that hashes to each shard, of 'shard_1', 'shard_2', ...: 1,000 leave none of 8 out
         # but with odds below 1e-57.
         conn.execute(
-            "insert into agentdb.shard_anchors (key)"
-            " select distinct on (shard) key from (select 'shard_' || i as key,"
-            " get_shard_id_for_distribution_column('agentdb.shard_anchors', 'shard_' || i) as shard"
-            " from generate_series(1, 1000) i) k order by shard, key"
+            "insert into agentdb.shard_anchors (key) select key from agentdb_internal.shard_anchor_keys()"
         )
         row = conn.execute(
             "select (select count(*) from agentdb.shard_anchors),"
             " (select count(*) from pg_dist_shard where logicalrelid = 'agentdb.postings'::regclass)"
         ).fetchone()
         assert row is not None and row[0] == row[1], row
+
+
+def distribute_blocks(conn: psycopg.Connection[Any]) -> None:
+    """On a coordinator, once: `agentdb.posting_blocks` distributed by its shard_key, co-located with the postings
+    (migrations/0027_block_shard_key.sql). A block holds chunks of one shard and carries that shard's anchor key
+    (agentdb_internal.shard_anchor_keys), so the lexical leg reads a shard's blocks on the worker holding its
+    chunks. Its primary key takes the shard key (a distributed table's unique indexes hold its distribution
+    column), last: within a shard the key is one value, so the blocks keep their order. A coordinator made
+    before this kept the blocks as a reference table, always empty there (its sources kept rows): it is made a
+    local table again first, without its foreign key to the catalog, which Citus refuses to undo."""
+    if not on_citus(conn):
+        return
+    row = conn.execute(
+        "select partmethod from pg_dist_partition where logicalrelid = 'agentdb.posting_blocks'::regclass"
+    ).fetchone()
+    if row is not None and row[0] == "h":
+        return
+    with conn.transaction():
+        conn.execute("set local citus.multi_shard_modify_mode to 'sequential'")
+        conn.execute(
+            "alter table agentdb.posting_blocks drop constraint if exists posting_blocks_source_id_fkey"
+        )
+        if row is not None:
+            held = conn.execute("select exists (select 1 from agentdb.posting_blocks)").fetchone()
+            if held != (False,):
+                raise DatabaseSetupError(
+                    "agentdb.posting_blocks holds blocks on this coordinator, where only distributed sources"
+                    " keep postings; they cannot be distributed by shard",
+                    hint="move the sources that keep blocks to the row layout"
+                    " (`agentdb optimize NAME --layout rows`), then run `agentdb migrate` again",
+                )
+            conn.execute("select undistribute_table('agentdb.posting_blocks')")
+        conn.execute("alter table agentdb.posting_blocks drop constraint posting_blocks_pkey")
+        conn.execute(
+            "alter table agentdb.posting_blocks add constraint posting_blocks_pkey"
+            " primary key (source_id, term, first_chunk, shard_key) include (last_chunk, max_tf, min_dl)"
+        )
+        conn.execute(
+            "select create_distributed_table('agentdb.posting_blocks', 'shard_key',"
+            " colocate_with => 'agentdb.postings')"
+        )
+    log.info("distributed agentdb.posting_blocks by shard, co-located with the postings")
 
 
 def carry_retrieve_settings(conn: psycopg.Connection[Any]) -> None:
@@ -204,11 +246,6 @@ def distribute_source(conn: psycopg.Connection[Any], source: Source) -> None:
     chunk id for the reads by chunk. A tenant source's document id is then unique per tenant in the database;
     the writer keeps it unique in the source by deleting a document's chunks by id, on every shard, before it
     writes them (two writers racing over one id under different tenants could leave both)."""
-    if source.lexical_layout != "rows":
-        raise InvalidParamValue(
-            "a distributed source keeps its postings in rows: blocks of 128 chunks span documents on many shards",
-            path="lexical_layout",
-        )
     table = source.table
     key = TENANT_COLUMN if routed_by_tenant(source) else "doc_id"
     # Constraints by the names PostgreSQL chose and indexes named by it (a long table name is shortened in them,

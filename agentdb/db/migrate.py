@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.db.cluster import citus_version
-from agentdb.db.distribute import carry_retrieve_settings, ensure_shard_anchors
+from agentdb.db.distribute import carry_retrieve_settings, distribute_blocks, ensure_shard_anchors
 from agentdb.db.distribute import prepare as prepare_distribution
 from agentdb.db.pool import check_connection
 from agentdb.errors import DatabaseSetupError
@@ -87,6 +87,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 _create_functions(conn)
             carry_retrieve_settings(conn)
             ensure_shard_anchors(conn)
+            distribute_blocks(conn)
             return applied
         _create_functions(conn)
         if prepare_distribution(conn):
@@ -97,6 +98,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             _create_functions(conn)
         carry_retrieve_settings(conn)
         ensure_shard_anchors(conn)
+        distribute_blocks(conn)
         return applied
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

@@ -74,7 +74,8 @@ def create_document_source(
     """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
     postings are kept in `lexical_layout` ('rows' or 'blocks': see Source.lexical_layout), by default blocks
     (the accelerator's cursor reads them; on the SQL path they answer as fast as rows) but on a Citus
-    coordinator, whose distributed sources keep rows (distribute_source). With
+    coordinator, whose distributed sources keep rows unless asked (their blocks are read on the SQL path only,
+    and principals cannot read them yet: agentdb/db/distribute.py). With
     `tenant_field` (a string metadata field every document must carry) a coordinator distributes it by that
     field (Source.tenant_field); one node records it."""
     check_source_name(name)
@@ -200,6 +201,7 @@ def drop_source(conn: psycopg.Connection[Any], name: str) -> None:
             conn.execute(sql.SQL("drop table {}").format(source.table))
             if source.distributed:  # its postings do not reference the catalog (agentdb/db/distribute.py)
                 conn.execute("delete from agentdb.postings where source_id = %s", (source.id,))
+                conn.execute("delete from agentdb.posting_blocks where source_id = %s", (source.id,))
         else:
             for trigger in (*LEXICAL_TRIGGERS, STALE_EMBEDDING_TRIGGER):
                 conn.execute(

@@ -67,9 +67,10 @@ def optimize_source(
     range's new blocks then reuse the space of the versions it freed, and the table's file ends near the size
     of its live data instead of growing by the whole rewritten index. Every range is a complete merge of its
     terms, so the index equals the documents at every commit. The ranges are disjoint, so `workers`
-    connections (this one and new ones to the same server) merge them at once; writers wait for each range as
-    before, and a second optimize of the same source waits for this one. On a connection inside a transaction
-    (where VACUUM cannot run) the merge is one statement, as with `slices=1`."""
+    connections (this one and new ones to the same server) merge them at once (a distributed source's one at a
+    time); writers wait for each range as before, and a second optimize of the same source waits for this one.
+    On a connection inside a transaction (where VACUUM cannot run) the merge is one statement, as with
+    `slices=1`."""
     from agentdb.db import can_vacuum, run_sql
 
     rebuilt = layout is not None and get_source(conn, name).lexical_layout != layout
@@ -84,9 +85,13 @@ def optimize_source(
     # blocks then few or none) the planner picked a nested loop that ran for minutes instead of seconds. A source
     # in rows has nothing to merge (and an unknown one is refused by lexical_optimize below).
     row = conn.execute(
-        "select id from agentdb.sources where name = %s and lexical_layout = 'blocks'", (name,)
+        "select id, distributed from agentdb.sources where name = %s and lexical_layout = 'blocks'", (name,)
     ).fetchone()
     blocks_source = row[0] if row else None
+    if row is not None and row[1]:
+        # A distributed source's ranges merge one after another: each writes every shard of the blocks, and
+        # Citus's shard locks of two such transactions at once deadlock.
+        workers = 1
     table_rows = 0.0
     if blocks_source is not None:
         conn.execute("analyze agentdb.posting_blocks")
