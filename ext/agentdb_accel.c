@@ -62,7 +62,7 @@
 #include "utils/tuplestore.h"
 #include "tsearch/ts_type.h"
 
-PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.4");
+PG_MODULE_MAGIC_EXT(.name = "agentdb_accel", .version = "1.6");
 
 PG_FUNCTION_INFO_V1(agentdb_accel_bm25_topk_blocks);
 PG_FUNCTION_INFO_V1(agentdb_accel_tsv_blocks);
@@ -117,6 +117,7 @@ typedef struct Postings
 	IndexScanDesc term_scan;	/* source_id = and term = */
 	IndexFetchTableData *fetch; /* a block's row by its TID */
 	bool		key_bounds;		/* the key index includes last_chunk, max_tf and min_dl (migration 0026) */
+	AttrNumber	itup_last;		/* with key_bounds: last_chunk's position in an index tuple, then max_tf, min_dl */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
 	AttrNumber	att_max_tf;
@@ -131,24 +132,26 @@ typedef struct Postings
 	double		k_dl;
 } Postings;
 
+/* Table `relid`, or agentdb.`name` when it is invalid, opened for the current role's reads. */
 static Relation
-open_table(const char *name)
+open_table(Oid relid, const char *name)
 {
-	Oid			relid = get_relname_relid(name, get_namespace_oid("agentdb", false));
 	AclResult	acl;
 
+	if (!OidIsValid(relid))
+		relid = get_relname_relid(name, get_namespace_oid("agentdb", false));
 	if (!OidIsValid(relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("agentdb.%s does not exist", name)));
 	acl = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
 	if (acl != ACLCHECK_OK)
-		aclcheck_error(acl, OBJECT_TABLE, name);
+		aclcheck_error(acl, OBJECT_TABLE, get_rel_name(relid));
 	/* The cursor reads the heap directly: refuse a role whose reads row security would filter. */
 	if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("row security applies to agentdb.%s for the current role", name),
+				 errmsg("row security applies to %s for the current role", get_rel_name(relid)),
 				 errhint("Such roles read postings through the plain SQL path.")));
 	return table_open(relid, AccessShareLock);
 }
@@ -165,16 +168,21 @@ column(Relation rel, const char *name)
 	return att;
 }
 
+/*
+ * Open the posting blocks: agentdb.posting_blocks, or the table `blocks` (one shard of it on a Citus worker,
+ * whose key has the shard key after first_chunk) when valid.
+ */
 static void
-postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
+postings_open(Postings *p, Oid blocks, int32 source_id, double k_len, double k_dl)
 {
 	Oid			index_oid;
+	int			nkeys;
 
 	memset(p, 0, sizeof(Postings));
 	p->source_id = source_id;
 	p->k_len = k_len;
 	p->k_dl = k_dl;
-	p->heap = open_table("posting_blocks");
+	p->heap = open_table(blocks, "posting_blocks");
 	index_oid = RelationGetPrimaryKeyIndex(p->heap, false);
 	if (!OidIsValid(index_oid))
 		ereport(ERROR,
@@ -199,10 +207,13 @@ postings_open(Postings *p, int32 source_id, double k_len, double k_dl)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the key index of %s is not on (source_id, term, first_chunk)",
 						RelationGetRelationName(p->heap))));
-	p->key_bounds = p->index->rd_index->indnatts >= 6 &&
-		p->index->rd_index->indkey.values[3] == p->att_last &&
-		p->index->rd_index->indkey.values[4] == p->att_max_tf &&
-		p->index->rd_index->indkey.values[5] == p->att_min_dl;
+	/* The bounds are the index's first three included columns, after its key columns. */
+	nkeys = p->index->rd_index->indnkeyatts;
+	p->key_bounds = p->index->rd_index->indnatts >= nkeys + 3 &&
+		p->index->rd_index->indkey.values[nkeys] == p->att_last &&
+		p->index->rd_index->indkey.values[nkeys + 1] == p->att_max_tf &&
+		p->index->rd_index->indkey.values[nkeys + 2] == p->att_min_dl;
+	p->itup_last = nkeys + 1;
 	p->term_collation = p->index->rd_indcollation[1];
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
@@ -507,9 +518,9 @@ cursor_step(const Postings *p, TermCursor *c)
 	c->next_first = DatumGetInt64(index_getattr(itup, 3, desc, &isnull));
 	if (p->key_bounds)
 	{
-		c->next_last = DatumGetInt64(index_getattr(itup, 4, desc, &isnull));
-		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(index_getattr(itup, 5, desc, &isnull)),
-									 DatumGetInt32(index_getattr(itup, 6, desc, &isnull)));
+		c->next_last = DatumGetInt64(index_getattr(itup, p->itup_last, desc, &isnull));
+		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(index_getattr(itup, p->itup_last + 1, desc, &isnull)),
+									 DatumGetInt32(index_getattr(itup, p->itup_last + 2, desc, &isnull)));
 	}
 }
 
@@ -869,8 +880,10 @@ array_arg(FunctionCallInfo fcinfo, int i, Oid elemtype, int nterms)
 
 /*
  * agentdb_accel.bm25_topk(source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
- *                         min_dls int[], max_spans bigint[], k int, avgdl float8, k1 float8, b float8)
+ *                         min_dls int[], max_spans bigint[], k int, avgdl float8, k1 float8, b float8
+ *                         [, blocks regclass])
  * returns table (cid bigint, bm25 float8)
+ * over agentdb.posting_blocks, or the table `blocks` (a shard of it).
  */
 Datum
 agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
@@ -936,7 +949,8 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		PG_RETURN_VOID();
 	}
 
-	postings_open(&p, PG_GETARG_INT32(0), k1 * (1 - b), k1 * b / avgdl);
+	postings_open(&p, PG_NARGS() > 11 ? PG_GETARG_OID(11) : InvalidOid, PG_GETARG_INT32(0), k1 * (1 - b),
+				  k1 * b / avgdl);
 
 	/*
 	 * The terms by ascending bound, each with its cursor; below_sum[i], the sum of the bounds of the terms
@@ -1405,7 +1419,7 @@ agentdb_accel_merged_blocks(PG_FUNCTION_ARGS)
 	work = AllocSetContextCreate(CurrentMemoryContext, "agentdb_accel merged_blocks", ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(work);
 	deconstruct_array_builtin(write_array_arg(fcinfo, 1, TEXTOID), TEXTOID, &terms, &term_nulls, &nterms);
-	postings_open(&p, PG_GETARG_INT32(0), 0, 0);
+	postings_open(&p, InvalidOid, PG_GETARG_INT32(0), 0, 0);
 	g.cap = 1024;
 	g.post = palloc(sizeof(WritePosting) * g.cap);
 	for (i = 0; i < nterms; i++)

@@ -48,7 +48,8 @@ select case when coalesce(current_setting('agentdb.lexical_path', true), '') = '
             then 'accel'
             else 'sql' end
 from (select (select x.oid from pg_catalog.pg_proc x
-               where x.proname = 'bm25_topk' and x.pronamespace = to_regnamespace('agentdb_accel')) as p) f
+               where x.proname = 'bm25_topk' and x.pronamespace = to_regnamespace('agentdb_accel')
+                 and x.pronargs = 11) as p) f
 $b$ $f$, current_user);
 end;
 $$;
@@ -109,11 +110,14 @@ $$;
 -- filter keeps a prefix of that order, so when cand of them pass, or the cursor returned every chunk it has,
 -- they are the exact answer; otherwise k grows eightfold and the cursor runs again. A filter is checked on
 -- candidates, never compiled into the cursor: the same predicate, row security and column grants as the SQL
--- path, whatever the filter holds, at the cost of a rerun when it keeps few of the best chunks.
+-- path, whatever the filter holds, at the cost of a rerun when it keeps few of the best chunks. With `blocks`,
+-- the cursor reads that table (one shard of agentdb.posting_blocks: agentdb_internal.shard_maxscore, on a Citus
+-- worker; principals do not read a distributed source's blocks) instead of agentdb.posting_blocks.
 create or replace function agentdb_internal.bm25_accel(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[],
     max_spans bigint[], cand int, avgdl float8, k1 float8, b float8,
-    filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb
+    filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
+    blocks regclass default null
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
@@ -129,10 +133,15 @@ declare
         from (select s.chunk_id, s.known from unnest($1::bigint[], $2::float8[]) as s(chunk_id, known) %s
               order by s.known desc, s.chunk_id limit $3) x $q$, filter_sql);
 begin
-    if filter_sql = '' and not principal then
+    if filter_sql = '' and not principal and blocks is null then
         return query select t.cid, t.bm25
                      from agentdb_accel.bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans,
                                                   cand, avgdl, k1, b) t;
+        return;
+    elsif filter_sql = '' and not principal then
+        return query select t.cid, t.bm25
+                     from agentdb_accel.bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans,
+                                                  cand, avgdl, k1, b, blocks) t;
         return;
     elsif filter_sql = '' then
         return query select t.cid, t.bm25
@@ -145,10 +154,14 @@ begin
             select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
             from agentdb_internal.principal_bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls,
                                                       max_spans, k, avgdl, k1, b) t;
-        else
+        elsif blocks is null then
             select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
             from agentdb_accel.bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, k, avgdl,
                                          k1, b) t;
+        else
+            select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
+            from agentdb_accel.bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, k, avgdl,
+                                         k1, b, blocks) t;
         end if;
         execute keep into kept_ids, kept_scores
             using ids, scores, cand, null::text[], filter_params, row_params, null::float8[], null::float8, source_id,

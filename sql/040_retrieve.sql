@@ -288,9 +288,11 @@ $$;
 -- distributed query of its own, which Citus refuses there); `filter_sql` names `docs`, replaced by its shard,
 -- whose row security, column grants and policies Citus keeps as the table's. The shard's best cand chunks by
 -- (score desc, chunk id), with their scores; the coordinator merges the shards' lists. The statistics in the
--- weights and avgdl are the source's, so a chunk scores as on one node.
+-- weights and avgdl are the source's, so a chunk scores as on one node. `layout` is the source's: in blocks the
+-- shard's posting blocks are read, by the C cursor when `path` (the caller's agentdb_internal.lexical_path) is
+-- 'accel' and the worker has the accelerator, else by MaxScore in SQL.
 create or replace function agentdb_internal.shard_maxscore(
-    anchor text, docs text, layout text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
+    anchor text, docs text, layout text, path text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
     min_dls int[], max_spans bigint[], cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
     out ids bigint[], out scores float8[]
@@ -304,6 +306,19 @@ declare
                                                get_shard_id_for_distribution_column(postings_table, anchor));
     docs_shard constant text := shard_name(docs::regclass, get_shard_id_for_distribution_column(docs, anchor));
 begin
+    -- The C cursor over the shard's blocks when the caller's session takes the accelerated path (`path`) and this
+    -- worker has an accelerator that reads a given table (1.6); else MaxScore in SQL. The same answers.
+    if layout = 'blocks' and path = 'accel' and agentdb_internal.lexical_path() = 'accel'
+       and exists (select 1 from pg_catalog.pg_extension x
+                   where x.extname = 'agentdb_accel' and string_to_array(x.extversion, '.')::int[] >= '{1,6}') then
+        select coalesce(array_agg(m.cid order by m.bm25 desc, m.cid), '{}'),
+               coalesce(array_agg(m.bm25 order by m.bm25 desc, m.cid), '{}')
+        into ids, scores
+        from agentdb_internal.bm25_accel(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, cand, avgdl,
+                                         k1, b, replace(filter_sql, docs, docs_shard), filter_params, row_params,
+                                         exclude_doc, fq_params, ex_params, postings_shard::regclass) m;
+        return;
+    end if;
     select coalesce(array_agg(m.cid order by m.bm25 desc, m.cid), '{}'),
            coalesce(array_agg(m.bm25 order by m.bm25 desc, m.cid), '{}')
     into ids, scores
@@ -635,9 +650,10 @@ begin
                                          then format('c.%I = s.doc_id and ', agentdb_internal.route_column(src)) end,
                                route_c, pred, row_pred) end;
     select * into qt from agentdb_internal.query_terms(src.id, query_tsv, coalesce(stats.n_chunks, 0)::float8, src.bm25_k1);
-    -- The C cursor reads the block layout of one node's postings; a source in rows, or distributed by Citus
-    -- (its postings live in the workers' shards), takes the SQL path (sql/025_accel.sql).
-    lexical_path := case when use_sparse and src.lexical_layout = 'blocks' and not src.distributed
+    -- The C cursor reads the block layout; a source in rows takes the SQL path (sql/025_accel.sql). On a source
+    -- distributed by Citus it runs on each shard (agentdb_internal.shard_maxscore) when this session may take it
+    -- and the shard's worker has it.
+    lexical_path := case when use_sparse and src.lexical_layout = 'blocks'
                          then agentdb_internal.lexical_path() else 'sql' end;
     if not use_sparse or qt.postings = 0 then
         sparse_sql := 'select null::bigint as cid, null::float8 as bm25 where false';
@@ -651,13 +667,13 @@ begin
         -- records (a reference table, a copy on every node), sum as below.
         sparse_sql := format($q$
             select u.cid, u.bm25
-            from (select agentdb_internal.shard_maxscore(a.key, %L, %L, $9, $2, $21, $22, $23, $24, $25, $3, $11,
-                                                         $12, $13, $19, %L, $5, $6, $14, $17, $18) as m
+            from (select agentdb_internal.shard_maxscore(a.key, %L, %L, %L, $9, $2, $21, $22, $23, $24, $25, $3,
+                                                         $11, $12, $13, $19, %L, $5, $6, $14, $17, $18) as m
                   from agentdb.shard_anchors a%s) x
             cross join lateral unnest((x.m).ids, (x.m).scores) as u(cid, bm25)
             order by u.bm25 desc, u.cid
             limit $3 $q$,
-            format('%I.%I', src.table_schema, src.table_name), src.lexical_layout,
+            format('%I.%I', src.table_schema, src.table_name), src.lexical_layout, lexical_path,
             case when open_rows then '' else format('join %s c on c.agentdb_chunk_id = s.chunk_id where (%s) and (%s)',
                                                     rel, pred, row_pred) end,
             -- the anchor key of the tenant's shard, one of agentdb's own keys (a constant, so Citus prunes)

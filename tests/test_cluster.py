@@ -5,6 +5,7 @@ the reason (conftest's `citus_cluster`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -16,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -344,13 +346,17 @@ def _answers(
     role: str | None = None,
     top_k: int = 10,
     seed_postings: int | None = None,
+    lexical_path: str | None = None,
 ) -> list[Any]:
     """Each query's top k in four modes (with text and metadata under `role`, a principal's), with the lexical
-    leg's seed budget `seed_postings` if given (agentdb.lexical_seed_postings)."""
+    leg's seed budget `seed_postings` if given (agentdb.lexical_seed_postings), on the lexical path
+    `lexical_path` if given (agentdb.lexical_path: 'sql' forces the plain SQL path)."""
     rows = []
     columns = "id, chunk, rank, score, distance, bm25_score" + (", text, metadata" if role else "")
     with psycopg.connect(url, autocommit=True) as conn:
         configure(conn)
+        if lexical_path is not None:
+            conn.execute(sql.SQL("set agentdb.lexical_path = {}").format(sql.Literal(lexical_path)))
         if seed_postings is not None:
             conn.execute(
                 sql.SQL("set agentdb.lexical_seed_postings = {}").format(sql.Literal(str(seed_postings)))
@@ -544,6 +550,18 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
         )
 
     same_everywhere()
+    # The C cursor reads each shard's blocks on its worker (the accelerator is built there too), and answers as
+    # the SQL path does; a session forced to the SQL path takes it on the shards as well.
+    with _counting_cursor_calls(citus_cluster) as cursor_calls:
+        plain = _answers(coordinator, queries, source="blocky", lexical_path="sql")
+        assert cursor_calls(settle=True) == 0
+        accelerated = _answers(coordinator, queries, source="blocky")
+        assert cursor_calls(at_least=SHARD_COUNT * len(queries)) >= SHARD_COUNT * len(queries)
+    _same_hits(accelerated, plain)
+    _same_hits(
+        _answers(coordinator, queries, source="blocky", top_k=100),
+        _answers(coordinator, queries, source="blocky", top_k=100, lexical_path="sql"),
+    )
     for url in (coordinator, db_url):
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["optimize", "blocky"]) == 0
@@ -575,6 +593,47 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
             run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, 'blocks')", {"s": store[0]})
         assert refused.value.path == "layout"
         drop_store(conn, "blocknotes")
+
+
+@contextlib.contextmanager
+def _counting_cursor_calls(data_dir: Path) -> Iterator[Callable[..., int]]:
+    """With track_functions on for the workers: a function that tells how many times they called the C cursor
+    (agentdb_accel.bm25_topk) since the block began, by pg_stat_user_functions. A backend reports its counts
+    when it goes idle, at most once a second and otherwise within 10 s: `at_least` waits (up to 15 s) for that
+    many, `settle` waits 11 s for any pending report."""
+    workers = list_workers(data_dir)
+
+    def total() -> int:
+        count = 0
+        for worker in workers:
+            with psycopg.connect(worker.url(), autocommit=True) as conn:
+                row = conn.execute(
+                    "select coalesce(sum(calls), 0) from pg_stat_user_functions where funcname = 'bm25_topk'"
+                ).fetchone()
+                count += int(row[0]) if row else 0
+        return count
+
+    def track(setting: str) -> None:
+        for worker in workers:
+            with psycopg.connect(worker.url(), autocommit=True) as conn:
+                conn.execute(setting)
+                conn.execute("select pg_reload_conf()")
+
+    def calls(at_least: int = 0, settle: bool = False) -> int:
+        if settle:
+            time.sleep(11)
+        deadline = time.monotonic() + 15
+        while total() - before < at_least and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return total() - before
+
+    track("alter system set track_functions = 'all'")
+    try:
+        time.sleep(1)  # sessions read the reloaded setting at their next statement
+        before = total()
+        yield calls
+    finally:
+        track("alter system reset track_functions")
 
 
 def _random_corpus_lines(seed: int, count: int, first: int) -> list[str]:

@@ -41,6 +41,7 @@ SCRIPTS = (
     f"{EXTENSION}--1.2--1.3.sql",
     f"{EXTENSION}--1.3--1.4.sql",
     f"{EXTENSION}--1.4--1.5.sql",
+    f"{EXTENSION}--1.5--1.6.sql",
 )  # install, updates
 SOURCES = ("Makefile", f"{EXTENSION}.c", f"{EXTENSION}_plans.c", f"{EXTENSION}.control", *SCRIPTS)
 BUILD_DIR = "agentdb_accel"  # inside pgdata: the server's user can read it, and base backups carry it

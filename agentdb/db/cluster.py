@@ -19,10 +19,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from agentdb.db import accel
 from agentdb.db.citus import ensure_installed
 from agentdb.db.local_node import LocalNode, stop_running
 from agentdb.db.server import (
     DATABASE_NAME,
+    _never_started,
     give_to_server_user,
     local_nodes,
     read_postmaster,
@@ -166,6 +168,9 @@ def _start_worker(data_dir: Path, number: int) -> Worker:
     # Its share of the machine's memory, whose Citus builds one index for each of its shards at once: with
     # PostgreSQL's 64 MB a shard's HNSW graph stops fitting in memory and builds 3.7x slower.
     tuned = write_tuning(worker.pgdata, local_nodes(data_dir))
+    # The accelerator, built into the worker's own directory: its cursor reads the shards' posting blocks there
+    # (agentdb_internal.shard_maxscore).
+    tuned = accel.prepare_embedded(worker.pgdata, Path(_never_started().bin_path)) or tuned
     if not worker.running:
         _write_settings(worker.pgdata)
         worker.start(worker.name, hint=f"see its log {worker.pgdata / 'log'}")
@@ -178,6 +183,9 @@ def _start_worker(data_dir: Path, number: int) -> Worker:
     with psycopg.connect(worker.url(), autocommit=True) as conn:
         _create_extensions(conn)
         _set_local_hostname(conn, worker.host)
+    if tuned:
+        accel.await_reload(worker.url("postgres"), worker.pgdata)
+    accel.install(worker.url())
     return worker
 
 
