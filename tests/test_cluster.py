@@ -566,6 +566,23 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["optimize", "blocky"]) == 0
     same_everywhere()
+    # A lost block is found, and `agentdb check --repair` rebuilds the index on every shard.
+    monkeypatch.setenv("DATABASE_URL", coordinator)
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        lost = conn.execute(
+            "select b.source_id, b.first_chunk, b.shard_key from agentdb.posting_blocks b"
+            " where b.source_id = (select id from agentdb.sources where name = 'blocky') and b.term = 'alpha'"
+            " order by b.first_chunk limit 1"
+        ).fetchone()
+        assert lost is not None
+        conn.execute(
+            "delete from agentdb.posting_blocks"
+            " where source_id = %s and term = 'alpha' and first_chunk = %s and shard_key = %s",
+            lost,
+        )
+    assert main(["check", "blocky"]) != 0
+    assert main(["check", "blocky", "--repair"]) == 0
+    same_everywhere()
     # Every shard runs MaxScore over its blocks; a read fixed to one tenant, on that tenant's shard alone.
     for source, where, calls in (("blocky", None, SHARD_COUNT), ("tenanted", {"team": "t1"}, 1)):
         sent: list[str] = []
