@@ -165,25 +165,25 @@ def _start_worker(data_dir: Path, number: int) -> Worker:
     worker = Worker.read(data_dir, number)
     if not (worker.pgdata / "PG_VERSION").exists():
         _initdb(worker.pgdata)
-    # Its share of the machine's memory, whose Citus builds one index for each of its shards at once: with
+    # Its share of the machine's memory: Citus builds one index for each of its shards at once, and at
     # PostgreSQL's 64 MB a shard's HNSW graph stops fitting in memory and builds 3.7x slower.
-    tuned = write_tuning(worker.pgdata, local_nodes(data_dir))
+    changed = write_tuning(worker.pgdata, local_nodes(data_dir))
     # The accelerator, built into the worker's own directory: its cursor reads the shards' posting blocks there
     # (agentdb_internal.shard_maxscore).
-    tuned = accel.prepare_embedded(worker.pgdata, Path(_never_started().bin_path)) or tuned
+    changed = accel.prepare_embedded(worker.pgdata, Path(_never_started().bin_path)) or changed
     if not worker.running:
         _write_settings(worker.pgdata)
         worker.start(worker.name, hint=f"see its log {worker.pgdata / 'log'}")
         worker = Worker.read(data_dir, number)
     with psycopg.connect(worker.url("postgres"), autocommit=True) as conn:
-        if tuned:
+        if changed:
             conn.execute("select pg_reload_conf()")
         if conn.execute("select 1 from pg_database where datname = %s", (DATABASE_NAME,)).fetchone() is None:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(DATABASE_NAME)))
     with psycopg.connect(worker.url(), autocommit=True) as conn:
         _create_extensions(conn)
         _set_local_hostname(conn, worker.host)
-    if tuned:
+    if changed:
         accel.await_reload(worker.url("postgres"), worker.pgdata)
     accel.install(worker.url())
     return worker

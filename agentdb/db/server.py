@@ -74,9 +74,8 @@ def start_embedded(
     data_dir.mkdir(parents=True, exist_ok=True)
     forget_dead_handles(pgdata / HANDLES_FILE)
     _wait_for_shutdown(data_dir, shutdown_wait)
-    changed = write_tuning(
-        pgdata, local_nodes(data_dir)
-    )  # before a start, so that shared_buffers applies to it
+    # Before a start, so that shared_buffers applies to it.
+    changed = write_tuning(pgdata, local_nodes(data_dir))
     for attempt in range(2):
         try:
             with server_environment():
