@@ -4,11 +4,14 @@ with --synthetic N, N chunks of SciFact-text built as bench/scale.py builds them
     .venv/bin/python bench/citus.py                       # SciFact
     .venv/bin/python bench/citus.py --synthetic 100000    # and 100k scifact-text chunks
     .venv/bin/python bench/citus.py --synthetic 1000000 --reuse-scifact --output bench/results/citus_1m.json
+    .venv/bin/python bench/citus.py --synthetic 100000 --cluster-layout blocks --output bench/results/citus_blocks.json
 
 The single node is an embedded server of its own (bench/.cache/citus/one); the cluster is made by `agentdb
 start --workers 2` (bench/.cache/citus/cluster; Citus built once from AGENTDB_CITUS_SOURCE or --citus-source)
 and stopped at the end unless --keep. Both load the same documents through agentdb's ingest pipeline (on the
-cluster the writer keeps the postings and statistics in the writing transaction); SciFact's chunk vectors come
+cluster the writer keeps the postings and statistics in the writing transaction), the single node's postings in
+blocks (its default), the cluster's in --cluster-layout (rows, a coordinator's default, or blocks: each shard's
+read by the C cursor on its worker; a source loaded in the other layout is moved, `agentdb optimize --layout`); SciFact's chunk vectors come
 from the clone's embedding cache (.agentdb/embeddings; a cold cache is filled by a first load into the single
 node, which is then loaded again, so neither loading rate includes the embedding model). Then, for lexical,
 dense and hybrid (RRF, threshold 0; query vectors computed beforehand):
@@ -38,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psycopg
@@ -70,10 +73,11 @@ SYSTEMS = ("one node", "cluster")
 DEPTH = 100  # the quality run: top 100 grouped by document, as bench/scifact.py
 TOP_K = 10  # latency, throughput and fan-out
 CLIENTS = (1, 8)
-# The cluster's lexical leg beside itself without pruning: a seed budget no query's postings reach, so every shard
-# sums every posting of the query's terms (what the cluster did before MaxScore ran on each shard).
+# The cluster's lexical leg beside itself without pruning: a seed budget no query's postings reach, on the SQL
+# path, so every shard sums every posting of the query's terms (what the cluster did before MaxScore ran on each
+# shard).
 UNPRUNED = "cluster lexical, every posting summed"
-NO_PRUNING = "-c agentdb.lexical_seed_postings=1000000000000"
+NO_PRUNING = "-c agentdb.lexical_seed_postings=1000000000000 -c agentdb.lexical_path=sql"
 SCORE_TOLERANCE = 1e-9
 SHARD_NAME = re.compile(r"_\d{6,}\b")  # a shard's table: the distributed table's name and the shard id
 SERVER = re.compile(r"@(?P<host>.*):(?P<port>\d+) connectionId")
@@ -123,9 +127,11 @@ def load(
     expected: int,
     records: Callable[[], Any],
     embedder: Any,
+    layout: Literal["rows", "blocks"],
 ) -> dict[str, Any]:
-    """Source `name` holding `expected` documents: reused when it does (with the timings of the load that made
-    it), else loaded from scratch through agentdb's ingest pipeline. A load that had to compute chunk vectors
+    """Source `name` holding `expected` documents, its postings in `layout`: reused when it does (with the
+    timings of the load that made it; moved to `layout` first if need be, timed on its own), else loaded from
+    scratch through agentdb's ingest pipeline. A load that had to compute chunk vectors
     (a cold embedding cache) is dropped and done again from the cache, so its rate is the writer's alone. A
     source whose load was stopped during its HNSW build (every document written, no vector index) gets the
     index built, timed on its own; that load's rate is then not known (`chunks_per_s` null)."""
@@ -135,6 +141,14 @@ def load(
 
     saved = DATA / f"load-{name}-{system.replace(' ', '-')}.json"
     complete = documents_in(conn, name) == expected
+    if complete and get_source(conn, name).lexical_layout != layout:
+        print(f"{system}: moving source {name!r} to the {layout} layout")
+        started = time.perf_counter()
+        conn.execute("select agentdb.lexical_set_layout(%s, %s)", (name, layout))
+        moved = round(time.perf_counter() - started, 2)
+        print(f"{system}: moved in {moved} s")
+        if saved.exists():
+            saved.write_text(json.dumps({**json.loads(saved.read_text()), "layout_move_seconds": moved}))
     if complete and not has_vector_index(conn, name):
         print(f"{system}: source {name!r} holds its {expected} documents but no vector index: building it")
         started = time.perf_counter()
@@ -157,7 +171,7 @@ def load(
             drop_source(conn, name)
         computed = embedder.misses if embedder is not None else 0
         load_before = machine_facts()["load_average_1m"]
-        report = ingest(conn, name, records(), embedder)
+        report = ingest(conn, name, records(), embedder, lexical_layout=layout)
         computed = (embedder.misses if embedder is not None else 0) - computed
         if computed == 0:
             break
@@ -165,6 +179,7 @@ def load(
         embedder.save()
     print(f"{system}: {report.summary()}")
     info = {
+        "layout": layout,
         "documents": report.documents,
         "chunks": report.chunks,
         "seconds": round(report.seconds, 2),
@@ -625,6 +640,12 @@ def main() -> int:
         "--reuse-scifact", action="store_true", help="keep the SciFact results of bench/results/citus.json"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cluster-layout",
+        choices=("rows", "blocks"),
+        default="rows",
+        help="the cluster's postings (default rows, a coordinator's default; the single node keeps blocks)",
+    )
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-json", action="store_true")
@@ -649,6 +670,7 @@ def main() -> int:
     from agentdb.sources import get_source
 
     wall = time.perf_counter()
+    layouts: dict[str, Literal["rows", "blocks"]] = {"one node": "blocks", "cluster": args.cluster_layout}
     DATA.mkdir(parents=True, exist_ok=True)
     cluster_dir = DATA / "cluster"
     urls = {"one node": embedded_url(DATA / "one"), "cluster": start_cluster(cluster_dir, args.citus_source)}
@@ -663,7 +685,13 @@ def main() -> int:
         embedder = CachedEmbedder(model, cache_path(ROOT / ".agentdb" / "embeddings", model, corpus))
         loads = {
             system: load(
-                conns[system], system, SCIFACT_SOURCE, N_DOCS, lambda: read_records(corpus), embedder
+                conns[system],
+                system,
+                SCIFACT_SOURCE,
+                N_DOCS,
+                lambda: read_records(corpus),
+                embedder,
+                layouts[system],
             )
             for system in SYSTEMS
         }
@@ -691,6 +719,7 @@ def main() -> int:
                 "settings": {
                     "workers": 2,
                     "shards": SHARDS,
+                    "layouts": layouts,
                     "quality_depth": DEPTH,
                     "top_k": TOP_K,
                     "threshold": 0.0,
@@ -750,7 +779,13 @@ def main() -> int:
             records, query_vectors = synthetic_records(args.synthetic, args.seed, args.dataset)
             synth_loads = {
                 system: load(
-                    conns[system], system, SYNTHETIC_SOURCE, args.synthetic, records, PrecomputedVectors()
+                    conns[system],
+                    system,
+                    SYNTHETIC_SOURCE,
+                    args.synthetic,
+                    records,
+                    PrecomputedVectors(),
+                    layouts[system],
                 )
                 for system in SYSTEMS
             }

@@ -32,3 +32,13 @@ begin
         order by k.shard, k.key;
 end;
 $$;
+
+-- The shard of distributed table `tbl` that distribution value `key` hashes to (an anchor key of
+-- agentdb.shard_anchors, say), as its relation's name on the node that holds it (schema.table_shardid, quoted
+-- as needed). A coordinator's and its workers' only (PL/pgSQL, as above).
+create or replace function agentdb_internal.shard_of(tbl regclass, key text) returns text
+language plpgsql stable as $$
+begin
+    return shard_name(tbl, get_shard_id_for_distribution_column(tbl, key));
+end;
+$$;

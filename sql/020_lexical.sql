@@ -36,30 +36,66 @@ language sql immutable parallel safe as $$ select round(score * 1e9) / 1e9 $$;
 create or replace function agentdb_internal.block_ints(wide int4[], narrow int2[]) returns int4[]
 language sql immutable parallel safe as $$ select coalesce(wide, narrow::int4[]) $$;
 
+-- The statement that reads the postings of the terms $2 of source $1 from table `blocks` (agentdb.posting_blocks
+-- or one of its shards), one a row: u.term, chunk_id, u.tf, u.dl, each block's arrays unnested in lockstep.
+create or replace function agentdb_internal.block_postings_sql(blocks text) returns text
+language sql immutable as $$
+select format($q$
+    select u.term, u.first_chunk + u.off as chunk_id, u.tf::int as tf, u.dl
+    from (select b.term, b.first_chunk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
+                 unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
+          from %s b where b.source_id = $1 and b.term = any ($2)) u $q$, blocks)
+$$;
+
 -- The block postings of the named `terms` of source `source_id`, one a row (term, chunk_id, tf, dl), of the
 -- chunks that the active principal may read (agentdb.principal_block_predicate, sql/050_principals.sql, says
 -- which): nothing for anyone else, nor for a source outside its grant. SECURITY DEFINER: principals' roles
--- cannot read agentdb.posting_blocks.
-create or replace function agentdb_internal.principal_block_postings(source_id int, terms text[])
+-- cannot read agentdb.posting_blocks. With `shard_anchor`, on a Citus worker: of the shard of a distributed
+-- source that anchor key hashes to (agentdb_internal.shard_maxscore), its blocks and rows read directly. The
+-- shards are found from the key and the catalog, never named by the caller.
+create or replace function agentdb_internal.principal_block_postings(source_id int, terms text[],
+                                                                     shard_anchor text default null)
 returns table (term text, chunk_id bigint, tf int, dl int)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
     v record;
+    blocks text := 'agentdb.posting_blocks';
+    docs text;
 begin
     select * into v from agentdb.principal_block_predicate(principal_block_postings.source_id);
     if v.pred is null then
         return;
     end if;
+    if shard_anchor is not null then
+        blocks := agentdb_internal.shard_of('agentdb.posting_blocks', shard_anchor);
+        docs := agentdb_internal.shard_of(v.rel::regclass, shard_anchor);
+        v.pred := replace(v.pred, v.rel, docs);
+        v.rel := docs;
+    end if;
     -- The source table keeps its name (no alias): the predicate refers to its columns as schema.table.column.
-    return query execute format($q$
-        select u.term, u.first_chunk + u.off, u.tf::int, u.dl
-        from (select b.term, b.first_chunk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
-                     unnest(b.tfs) as tf, unnest(agentdb_internal.block_ints(b.dls, b.narrow_dls)) as dl
-              from agentdb.posting_blocks b where b.source_id = $1 and b.term = any ($2)) u
-        %s $q$,
-        case when v.pred = 'true' then ''
-             else format('join %1$s on %1$s.agentdb_chunk_id = u.first_chunk + u.off where %2$s', v.rel, v.pred) end)
+    return query execute agentdb_internal.block_postings_sql(blocks)
+        || case when v.pred = 'true' then ''
+                else format(' join %1$s on %1$s.agentdb_chunk_id = u.first_chunk + u.off where %2$s', v.rel, v.pred) end
         using principal_block_postings.source_id, terms;
+end;
+$$;
+
+-- The block postings of the named `terms` of distributed source `source_id` in the shard of
+-- agentdb.posting_blocks that anchor key `shard_anchor` hashes to, one a row (term, chunk_id, tf, dl), on the
+-- worker holding it: for a principal's role those of the chunks it may read (principal_block_postings).
+-- A coordinator reads a distributed source's block postings by term as `select
+-- agentdb_internal.shard_block_postings(..., a.key) from agentdb.shard_anchors a`, each shard on its worker.
+create or replace function agentdb_internal.shard_block_postings(source_id int, terms text[], shard_anchor text)
+returns table (term text, chunk_id bigint, tf int, dl int)
+language plpgsql stable as $$
+begin
+    if left(current_user, 10) = 'agentdb_p_' then
+        return query select * from agentdb_internal.principal_block_postings(source_id, terms, shard_anchor);
+    else
+        return query execute agentdb_internal.block_postings_sql(
+                agentdb_internal.shard_of('agentdb.posting_blocks', shard_anchor))
+            using source_id, terms;
+    end if;
 end;
 $$;
 
@@ -832,8 +868,7 @@ begin
     end if;
     -- On a Citus coordinator blocks are distributed by shard (agentdb/db/distribute.py): only the chunks of a
     -- source whose table is distributed by shard have one (a memory store's records are a reference table, a
-    -- copy on every node), and principals do not read a distributed source's blocks yet. (Nested: pg_dist_partition
-    -- exists only where Citus does.)
+    -- copy on every node). (Nested: pg_dist_partition exists only where Citus does.)
     if layout = 'blocks' and agentdb_internal.on_citus() then
         if not exists (select 1 from pg_dist_partition d
                        where d.logicalrelid = format('%I.%I', src.table_schema, src.table_name)::regclass
@@ -842,12 +877,6 @@ begin
                 format('source %L is not distributed by shard, and on a coordinator only sources distributed by'
                        ' shard keep block postings', src.name), 'layout', 'keep the ''rows'' layout');
         end if;
-    end if;
-    if layout = 'blocks' and src.distributed
-       and exists (select 1 from agentdb.principals p where src.name = any (p.tables)) then
-        perform agentdb.invalid_param(
-            format('source %L is distributed by Citus and read by principals, who cannot read its block postings'
-                   ' there yet', src.name), 'layout', 'keep the ''rows'' layout');
     end if;
     if layout = 'blocks'
        and (exists (select 1 from agentdb.principals p where src.name = any (p.tables))

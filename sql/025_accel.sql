@@ -61,10 +61,12 @@ $$;
 -- (agentdb.principal_block_predicate, the one the SQL path's agentdb_internal.principal_block_postings
 -- applies): a prefix of the cursor's order, so when cand of them pass, or the cursor returned every chunk it
 -- has, they are the exact answer; otherwise k grows eightfold and the cursor runs again. Nothing for anyone
--- else.
+-- else. With `shard_anchor`, on a Citus worker: of the shard of a distributed source that anchor key hashes to
+-- (agentdb_internal.shard_maxscore), its blocks and rows read directly; the shards are found from the key and
+-- the catalog, never named by the caller.
 create or replace function agentdb_internal.principal_bm25_topk(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[],
-    max_spans bigint[], cand int, avgdl float8, k1 float8, b float8
+    max_spans bigint[], cand int, avgdl float8, k1 float8, b float8, shard_anchor text default null
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable security definer set search_path = pg_catalog, pg_temp as $$
 declare
@@ -74,15 +76,28 @@ declare
     scores float8[];
     kept_ids bigint[];
     kept_scores float8[];
+    docs text;
 begin
     select * into v from agentdb.principal_block_predicate(principal_bm25_topk.source_id);
     if v.pred is null then
         return;
     end if;
+    if shard_anchor is not null then
+        docs := agentdb_internal.shard_of(v.rel::regclass, shard_anchor);
+        v.pred := replace(v.pred, v.rel, docs);
+        v.rel := docs;
+    end if;
     loop
-        select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
-        from agentdb_accel.bm25_topk(principal_bm25_topk.source_id, terms, weights, dfs, max_tfs, min_dls,
-                                     max_spans, k, avgdl, k1, b) t;
+        if shard_anchor is null then
+            select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
+            from agentdb_accel.bm25_topk(principal_bm25_topk.source_id, terms, weights, dfs, max_tfs, min_dls,
+                                         max_spans, k, avgdl, k1, b) t;
+        else
+            select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
+            from agentdb_accel.bm25_topk(principal_bm25_topk.source_id, terms, weights, dfs, max_tfs, min_dls,
+                                         max_spans, k, avgdl, k1, b,
+                                         agentdb_internal.shard_of('agentdb.posting_blocks', shard_anchor)::regclass) t;
+        end if;
         exit when v.pred = 'true';
         -- The source table keeps its name (no alias): the predicate refers to its columns as schema.table.column.
         execute format($q$
@@ -110,18 +125,20 @@ $$;
 -- filter keeps a prefix of that order, so when cand of them pass, or the cursor returned every chunk it has,
 -- they are the exact answer; otherwise k grows eightfold and the cursor runs again. A filter is checked on
 -- candidates, never compiled into the cursor: the same predicate, row security and column grants as the SQL
--- path, whatever the filter holds, at the cost of a rerun when it keeps few of the best chunks. With `blocks`,
--- the cursor reads that table (one shard of agentdb.posting_blocks: agentdb_internal.shard_maxscore, on a Citus
--- worker; principals do not read a distributed source's blocks) instead of agentdb.posting_blocks.
+-- path, whatever the filter holds, at the cost of a rerun when it keeps few of the best chunks. With
+-- `shard_anchor`, on a Citus worker (agentdb_internal.shard_maxscore), the cursor reads the shard of
+-- agentdb.posting_blocks that anchor key hashes to, and a principal's the shard of its rows too.
 create or replace function agentdb_internal.bm25_accel(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[],
     max_spans bigint[], cand int, avgdl float8, k1 float8, b float8,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
-    blocks regclass default null
+    shard_anchor text default null
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
     principal constant boolean := left(current_user, 10) = 'agentdb_p_';
+    blocks constant regclass := case when shard_anchor is not null
+                                     then agentdb_internal.shard_of('agentdb.posting_blocks', shard_anchor) end;
     k int := cand;
     ids bigint[];
     scores float8[];
@@ -146,14 +163,14 @@ begin
     elsif filter_sql = '' then
         return query select t.cid, t.bm25
                      from agentdb_internal.principal_bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls,
-                                                               max_spans, cand, avgdl, k1, b) t;
+                                                               max_spans, cand, avgdl, k1, b, shard_anchor) t;
         return;
     end if;
     loop
         if principal then
             select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
             from agentdb_internal.principal_bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls,
-                                                      max_spans, k, avgdl, k1, b) t;
+                                                      max_spans, k, avgdl, k1, b, shard_anchor) t;
         elsif blocks is null then
             select coalesce(array_agg(t.cid), '{}'), coalesce(array_agg(t.bm25), '{}') into ids, scores
             from agentdb_accel.bm25_topk(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, k, avgdl,

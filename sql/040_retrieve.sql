@@ -75,7 +75,7 @@ create or replace function agentdb_internal.bm25_maxscore(
     source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[], min_dls int[], max_spans bigint[],
     cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
     filter_sql text, filter_params jsonb, row_params jsonb, exclude_doc text, fq_params jsonb, ex_params jsonb,
-    postings_rel text default null, shard_blocks boolean default false
+    shard_anchor text default null, shard_blocks boolean default false
 ) returns table (cid bigint, bm25 float8)
 language plpgsql stable as $$
 declare
@@ -86,13 +86,20 @@ declare
     t_ub float8[];
     t_df bigint[];
     t_span bigint[];
-    -- The postings read: agentdb.postings (and the blocks), or `postings_rel`, one shard of them
-    -- (agentdb_internal.shard_maxscore), read directly: of agentdb.posting_blocks when `shard_blocks`, else of
-    -- agentdb.postings.
+    -- The postings read: agentdb.postings (and the blocks), or with `shard_anchor` the shard of them that key
+    -- hashes to (agentdb_internal.shard_maxscore, on the worker holding it), read directly: of
+    -- agentdb.posting_blocks when `shard_blocks`, else of agentdb.postings. A principal's role reads a shard's
+    -- blocks through agentdb_internal.principal_block_postings, as the postings of the chunks it may read.
+    postings_rel constant text := case when shard_anchor is not null then agentdb_internal.shard_of(
+        case when shard_blocks then 'agentdb.posting_blocks' else 'agentdb.postings' end, shard_anchor) end;
     postings constant text := case when shard_blocks then 'agentdb.postings' else coalesce(postings_rel, 'agentdb.postings') end;
     blocks_rel constant text := case when shard_blocks then postings_rel else 'agentdb.posting_blocks' end;
     term_postings constant text := case
         when postings_rel is null then 'agentdb_internal.term_postings($9, $4, $7)'
+        when shard_blocks and left(current_user, 10) = 'agentdb_p_' then format($q$
+            (select t.term, x.chunk_id, t.wk, x.tf, x.dl
+             from unnest($4::text[], $7::float8[]) as t(term, wk)
+             join agentdb_internal.principal_block_postings($9, $4, %L) x on x.term = t.term) $q$, shard_anchor)
         when shard_blocks then format($q$
             (select u.term, u.first_chunk + u.off as chunk_id, u.wk, u.tf::int as tf, u.dl
              from (select t.term, b.first_chunk, t.wk, unnest(agentdb_internal.block_ints(b.offs, b.narrow_offs)) as off,
@@ -290,7 +297,9 @@ $$;
 -- (score desc, chunk id), with their scores; the coordinator merges the shards' lists. The statistics in the
 -- weights and avgdl are the source's, so a chunk scores as on one node. `layout` is the source's: in blocks the
 -- shard's posting blocks are read, by the C cursor when `path` (the caller's agentdb_internal.lexical_path) is
--- 'accel' and the worker has the accelerator, else by MaxScore in SQL.
+-- 'accel' and the worker has the accelerator, else by MaxScore in SQL. A principal's role reads them through
+-- the readers of its block postings (agentdb_internal.principal_bm25_topk and principal_block_postings), which
+-- find the shards from `anchor` and keep the chunks its policy lets it read.
 create or replace function agentdb_internal.shard_maxscore(
     anchor text, docs text, layout text, path text, source_id int, terms text[], weights float8[], dfs bigint[], max_tfs int[],
     min_dls int[], max_spans bigint[], cand int, avgdl float8, k1 float8, b float8, seed_budget bigint,
@@ -300,11 +309,7 @@ create or replace function agentdb_internal.shard_maxscore(
 language plpgsql stable as $$
 declare
     -- the shard of the source's postings in its layout (`layout`: the catalog is not read on a shard)
-    postings_table constant regclass := case when layout = 'blocks' then 'agentdb.posting_blocks'::regclass
-                                             else 'agentdb.postings'::regclass end;
-    postings_shard constant text := shard_name(postings_table,
-                                               get_shard_id_for_distribution_column(postings_table, anchor));
-    docs_shard constant text := shard_name(docs::regclass, get_shard_id_for_distribution_column(docs, anchor));
+    docs_shard constant text := agentdb_internal.shard_of(docs::regclass, anchor);
 begin
     -- The C cursor over the shard's blocks when the caller's session takes the accelerated path (`path`) and this
     -- worker has an accelerator that reads a given table (1.6); else MaxScore in SQL. The same answers.
@@ -316,7 +321,7 @@ begin
         into ids, scores
         from agentdb_internal.bm25_accel(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, cand, avgdl,
                                          k1, b, replace(filter_sql, docs, docs_shard), filter_params, row_params,
-                                         exclude_doc, fq_params, ex_params, postings_shard::regclass) m;
+                                         exclude_doc, fq_params, ex_params, anchor) m;
         return;
     end if;
     select coalesce(array_agg(m.cid order by m.bm25 desc, m.cid), '{}'),
@@ -324,7 +329,7 @@ begin
     into ids, scores
     from agentdb_internal.bm25_maxscore(source_id, terms, weights, dfs, max_tfs, min_dls, max_spans, cand, avgdl, k1,
                                         b, seed_budget, replace(filter_sql, docs, docs_shard), filter_params,
-                                        row_params, exclude_doc, fq_params, ex_params, postings_shard,
+                                        row_params, exclude_doc, fq_params, ex_params, anchor,
                                         layout = 'blocks') m;
 end;
 $$;

@@ -53,9 +53,15 @@ begin
         from c left join lex l on l.chunk_id = c.cid
         group by c.doc_id $q$,
         r.doc_id, agentdb.source_relation(src), s.pred, s.row_pred,
-        -- On a distributed source, term_postings' rows branch written out (the only layout there): Citus plans
-        -- no inlined SQL function over a distributed table (see agentdb.retrieve's lexical leg).
-        case when src.distributed
+        -- On a distributed source, term_postings' branch of its layout written out: Citus plans no inlined SQL
+        -- function over a distributed table (see agentdb.retrieve's lexical leg). Its blocks are read on each
+        -- shard's worker (agentdb_internal.shard_block_postings, one call an anchor).
+        case when src.distributed and src.lexical_layout = 'blocks'
+             then '(select (x.p).term, (x.p).chunk_id, t.wk, (x.p).tf, (x.p).dl'
+                  ' from (select agentdb_internal.shard_block_postings($8, $3, a.key) as p'
+                  '       from agentdb.shard_anchors a) x'
+                  ' join unnest($3, $9) as t(term, wk) on t.term = (x.p).term)'
+             when src.distributed
              then '(select t.term, p.chunk_id, t.wk, p.tf, p.dl from unnest($3, $9) as t(term, wk)'
                   ' join agentdb.postings p on p.source_id = $8 and p.term = t.term)'
              else 'agentdb_internal.term_postings($8, $3, $9)' end)

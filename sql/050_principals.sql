@@ -270,7 +270,10 @@ declare
     p agentdb.principals;
     src agentdb.sources;
 begin
-    select * into p from agentdb.principals x where x.role = current_setting('role')::name;
+    -- The `role` setting (SET ROLE), else the session's user: on a Citus worker the coordinator's connection
+    -- logs in as the principal's role.
+    select * into p from agentdb.principals x
+    where x.role = coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name;
     select * into src from agentdb.sources s where s.id = principal_block_predicate.source_id
                                                 and s.lexical_layout = 'blocks';
     if p.id is null or src.id is null then
@@ -281,6 +284,11 @@ begin
         pred := 'true';
     elsif src.name = any (p.tables) and has_any_column_privilege(p.role, rel, 'SELECT') then
         pred := (select x.expr from agentdb.principal_policy_sql(p.id, src, p.row_filter) x);
+        if src.distributed and pred not in ('true', 'false') then
+            -- there the policy's expression is the body of the principal's row function (principal_grant)
+            pred := format('agentdb.%I(%2$s.doc_id, %2$s.metadata)',
+                           agentdb.principal_row_function(p.id, src.id), rel);
+        end if;
     else
         rel := null;
         return;
@@ -291,6 +299,17 @@ begin
                    ' agentdb''s, which principals'' block reads cannot apply', src.name), 'source',
             format('drop those policies, or move the source to row postings: agentdb optimize %s --layout rows',
                    src.name));
+    end if;
+end;
+$$;
+
+-- On a Citus coordinator the readers of a distributed source's blocks call it on the workers (in a shard's
+-- statement), where reading the catalog, reference tables with a copy on that node, counts as a nested
+-- distributed query, which Citus refuses unless allowed (as for a principal's params function).
+do $$
+begin
+    if agentdb_internal.on_citus() then
+        alter function agentdb.principal_block_predicate(int) set citus.allow_nested_distributed_execution = on;
     end if;
 end;
 $$;
@@ -482,12 +501,7 @@ begin
         rel := format('%I.%I', src.table_schema, src.table_name);
         -- Block postings are read through agentdb_internal.principal_block_postings, which applies the
         -- principal's own policy and no other.
-        if src.lexical_layout = 'blocks' and src.distributed then
-            perform agentdb.invalid_param(
-                format('source %L is distributed by Citus and keeps block postings, which principals cannot read'
-                       ' there yet (their block reads run on one node)', src.name), 'tables',
-                format('move the source to row postings first: agentdb optimize %s --layout rows', src.name));
-        elsif src.lexical_layout = 'blocks' then
+        if src.lexical_layout = 'blocks' then
             foreign_policies := agentdb.principal_foreign_policies(rel::regclass);
             if cardinality(foreign_policies) > 0 then
                 perform agentdb.invalid_param(

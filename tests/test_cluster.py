@@ -484,8 +484,10 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
     single-document writes (each merged after it), a deletion and `agentdb optimize`, the statistics equal one
     node's, the index its rows, and search (lexical at top 10 and 100 at every seed budget, hybrid, dense) one
     node's hits and scores: MaxScore runs on each shard over its blocks. A source distributed by tenant reads one
-    shard's blocks when the filter fixes the tenant. Principals cannot read a distributed source's blocks yet:
-    granting one is refused, and so is a coordinator's source that is not distributed moving to blocks."""
+    shard's blocks when the filter fixes the tenant. A principal with a row filter and a field grant reads the
+    blocks on each shard through its own readers, on both lexical paths, and navigation's relevance
+    (agentdb.score_keys) reads them too, as on one node. A coordinator's source that is not distributed (a
+    memory store) cannot move to blocks."""
     corpus, changed = tmp_path / "blocky.jsonl", tmp_path / "changed.jsonl"
     vectors = _random_corpus(corpus, seed=31, count=240)
     _random_corpus(changed, seed=32, count=60)  # d0..d59 again
@@ -562,7 +564,49 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
         _answers(coordinator, queries, source="blocky", top_k=100),
         _answers(coordinator, queries, source="blocky", top_k=100, lexical_path="sql"),
     )
+    # A principal reads the blocks on each shard through its own readers, which apply its row filter there.
+    roles = {}
     for url in (coordinator, db_url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            roles[url] = create_principal(
+                conn, "blocked", tables=["blocky"], row_filter={"team": "t1"}, fields=["title", "team"]
+            )[0].role
+    guarded = [queries[0], (queries[2][0], queries[2][1], {"team": {"$ne": "t0"}}), queries[3]]
+    for path in (None, "sql"):
+        for top_k in (10, 100):
+            with _counting_cursor_calls(citus_cluster) as cursor_calls:
+                cluster = _answers(
+                    coordinator,
+                    guarded,
+                    source="blocky",
+                    role=roles[coordinator],
+                    top_k=top_k,
+                    lexical_path=path,
+                )
+                if path is None:
+                    assert cursor_calls(at_least=SHARD_COUNT * len(guarded)) >= SHARD_COUNT * len(guarded)
+            _same_hits(
+                cluster,
+                _answers(
+                    db_url, guarded, source="blocky", role=roles[db_url], top_k=top_k, lexical_path=path
+                ),
+            )
+            assert all(r[7] == {"team": "t1"} and r[6] is None for rows in cluster for r in rows)
+    # Navigation's relevance of given documents reads the blocks of each shard, for the application and the
+    # principal alike.
+    keys = [f"d{i}" for i in range(0, 240, 7)]
+    for role in (None, "principal"):
+        scored = [
+            _scored_keys(url, "blocky", keys, *queries[0][:2], role=roles[url] if role else None)
+            for url in (coordinator, db_url)
+        ]
+        assert [r[0] for r in scored[0]] == [r[0] for r in scored[1]] and any(r[2] > 0 for r in scored[0])
+        for got, want in zip(scored[0], scored[1], strict=True):
+            assert abs(got[1] - want[1]) <= 1e-9 and abs(got[2] - want[2]) <= 1e-9
+    for url in (coordinator, db_url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            delete_principal(conn, "blocked")
         monkeypatch.setenv("DATABASE_URL", url)
         assert main(["optimize", "blocky"]) == 0
     same_everywhere()
@@ -592,12 +636,6 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
         assert found > 0 and sum("shard_maxscore(" in m for m in sent) == calls, source
     with psycopg.connect(coordinator, autocommit=True) as conn:
         configure(conn)
-        with pytest.raises(InvalidParamValue, match="principals cannot read") as refused:
-            create_principal(conn, "blocked", tables=["blocky"])
-        assert refused.value.path == "tables"
-        assert conn.execute("select count(*) from agentdb.principals where name = 'blocked'").fetchone() == (
-            0,
-        )
         # A memory store's records: a reference table, on every node, not distributed by shard.
         write_records(conn, "blocknotes", [{"text": "a note to keep"}], embedder=embedder)
         store = conn.execute(
@@ -610,6 +648,20 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
             run_sql(conn, "select agentdb.lexical_set_layout(%(s)s, 'blocks')", {"s": store[0]})
         assert refused.value.path == "layout"
         drop_store(conn, "blocknotes")
+
+
+def _scored_keys(
+    url: str, source: str, keys: list[str], query: str, vector: list[float], role: str | None = None
+) -> list[Any]:
+    """agentdb.score_keys of `keys` for `query` (and `vector`), under `role` if given, by document id."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        configure(conn)
+        if role:
+            conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+        return conn.execute(
+            "select doc_id, dense, lexical from agentdb.score_keys(%s, %s, %s, %s::vector) order by doc_id",
+            (source, keys, query, str(vector)),
+        ).fetchall()
 
 
 @contextlib.contextmanager

@@ -74,8 +74,7 @@ def create_document_source(
     """Create a document table (`agentdb_docs.<name>`) with its indexes and lexical triggers; its BM25
     postings are kept in `lexical_layout` ('rows' or 'blocks': see Source.lexical_layout), by default blocks
     (the accelerator's cursor reads them; on the SQL path they answer as fast as rows) but on a Citus
-    coordinator, whose distributed sources keep rows unless asked (their blocks are read on the SQL path only,
-    and principals cannot read them yet: agentdb/db/distribute.py). With
+    coordinator, whose distributed sources keep rows unless asked (agentdb/db/distribute.py). With
     `tenant_field` (a string metadata field every document must carry) a coordinator distributes it by that
     field (Source.tenant_field); one node records it."""
     check_source_name(name)
