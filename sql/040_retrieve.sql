@@ -503,6 +503,23 @@ declare
     tenant text;        -- the tenant the read is fixed to, on a source distributed by its tenant field ($27)
     route_c text;       -- the condition on the rows (c) and on the postings (p) that names the tenant's shard
     route_p text;
+    -- The relation the fusion statement reads the candidates' rows through, and its condition: rel and route_c,
+    -- or on a source distributed by Citus the candidates' rows read beforehand ($28..$33), with the legs' hits
+    -- ($34..$39): see below.
+    rows_rel text;
+    rows_route text;
+    d_cids bigint[];    -- on a distributed source: the dense leg's hits,
+    d_distances float8[];
+    d_docs text[];
+    d_chunks int[];
+    s_cids bigint[];    -- the lexical leg's,
+    s_scores float8[];
+    k_cids bigint[];    -- and the rows of all their candidates
+    k_docs text[];
+    k_chunks int[];
+    k_titles text[];
+    k_texts text[];
+    k_metadata jsonb[];
 begin
     if mode is null or mode not in ('dense', 'lexical', 'hybrid') then
         perform agentdb.invalid_param(
@@ -610,11 +627,14 @@ begin
     -- The call's settings are SET LOCAL statements (agentdb_internal.set_local), which on a source distributed
     -- by Citus, with citus.propagate_set_commands 'local' (for this call: the function's SET clauses restore it
     -- on return), go to the workers too, at the start of each worker's transaction: the shards run the legs
-    -- under them as well. They are reset after the statement (below).
-    if src.distributed then
+    -- under them as well. They are reset after the statement (below). Only a dense leg needs them: a lexical
+    -- read on a distributed source then sends the workers no transaction block of its own.
+    if src.distributed and use_dense then
         perform set_config('citus.propagate_set_commands', 'local', true);
     end if;
-    perform agentdb_internal.set_local('hnsw.ef_search', ef_search::text);
+    if use_dense then
+        perform agentdb_internal.set_local('hnsw.ef_search', ef_search::text);
+    end if;
     -- Deep pages: asked for a few hundred candidates of a few thousand chunks, the planner prefers an exact
     -- scan of every vector (detoasting each) to the HNSW index, which is faster there and ranks as well.
     -- Without a filter or row security the index is always the better plan; with them the planner keeps its
@@ -746,26 +766,55 @@ begin
     -- groups under any deterministic collation, a cheaper sort); the page keeps the source's collation for its
     -- order. The metadata projection is called only when `fields` asks for one (as a function with a subquery
     -- it is not inlined, a call a hit).
-    -- keyed_sql is a template: %1$s, the condition on fs that the candidates must meet. On a distributed source
-    -- (agentdb/db/distribute.py) Citus cannot plan the lateral subquery with a FROM-less branch over the
-    -- distributed table, so the lexical-only candidates are looked up there by an array of their chunk ids
-    -- (Citus computes the array first and sends it to every shard). On one node that form, and a plain join,
-    -- are slower than the lateral, which keeps each lookup one index probe.
-    keyed_sql := case when src.distributed then format($q$
-        select fs.*, fs.dense_doc_id as doc_id, fs.dense_chunk as chunk from fs
-        where fs.rank_dense is not null and (%%1$s)
-        union all
-        select fs.*, k.doc_id, k.chunk
-        from fs join (select c.agentdb_chunk_id as cid, %s as doc_id, %s as chunk from %s c
-                      where %s and c.agentdb_chunk_id = any (array(select fs.cid from fs
-                                                            where fs.rank_dense is null and (%%1$s)))) k
-             on k.cid = fs.cid $q$, r.doc_id, r.chunk, rel, route_c)
-    else format($q$
+    -- keyed_sql is a template: %1$s, the condition on fs that the candidates must meet. A plain join is slower
+    -- than the lateral, which keeps each lookup one index probe.
+    --
+    -- On a source distributed by Citus the legs run first, each a statement of its own (one step on every
+    -- shard, or on the tenant's), then the rows of all their candidates are read in one more, and the statement
+    -- below reads those (rows_rel: the same columns as the table's) and no distributed table. Run as one
+    -- statement over the distributed table, Citus planned each of its CTEs as a subplan with an intermediate
+    -- result, and looked the rows up in two more multi-shard steps (docs/scale-out.md, "The coordinator's
+    -- steps").
+    rows_rel := case when src.distributed
+                     then '(select * from unnest($28::bigint[], $29::text[], $30::int[], $31::text[], $32::text[],'
+                          ' $33::jsonb[]) as c(agentdb_chunk_id, doc_id, chunk, title, text, metadata))'
+                     else rel end;
+    rows_route := case when src.distributed then 'true' else route_c end;
+    keyed_sql := format($q$
         select fs.*, k.doc_id, k.chunk from fs cross join lateral (
             select fs.dense_doc_id as doc_id, fs.dense_chunk as chunk where fs.rank_dense is not null
             union all
             select %s, %s from %s c where fs.rank_dense is null and c.agentdb_chunk_id = fs.cid) k
-        where (%%1$s) $q$, r.doc_id, r.chunk, rel) end;
+        where (%%1$s) $q$, r.doc_id, r.chunk, rows_rel);
+    if src.distributed then
+        execute format('select coalesce(array_agg(x.cid), ''{}''), coalesce(array_agg(x.distance), ''{}''),'
+                       ' coalesce(array_agg(x.doc_id), ''{}''), coalesce(array_agg(x.chunk), ''{}'') from (%s) x',
+                       dense_sql)
+            into d_cids, d_distances, d_docs, d_chunks
+            using query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+            coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+            fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
+            output_results, tenant;
+        execute format('select coalesce(array_agg(x.cid), ''{}''), coalesce(array_agg(x.bm25), ''{}'') from (%s) x',
+                       sparse_sql)
+            into s_cids, s_scores
+            using query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+            coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+            fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
+            output_results, tenant;
+        execute format('select coalesce(array_agg(c.agentdb_chunk_id), ''{}''), coalesce(array_agg(c.doc_id), ''{}''),'
+                       ' coalesce(array_agg(c.chunk), ''{}''), coalesce(array_agg(c.title), ''{}''),'
+                       ' coalesce(array_agg(c.text), ''{}''), coalesce(array_agg(c.metadata), ''{}'')'
+                       ' from %s c where %s and c.agentdb_chunk_id = any ($28)', rel, route_c)
+            into k_cids, k_docs, k_chunks, k_titles, k_texts, k_metadata
+            using query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
+            coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
+            fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
+            output_results, tenant, d_cids || s_cids;
+        dense_sql := 'select * from unnest($34::bigint[], $35::float8[], $36::text[], $37::int[])'
+                     ' as x(cid, distance, doc_id, chunk)';
+        sparse_sql := 'select * from unnest($38::bigint[], $39::float8[]) as x(cid, bm25)';
+    end if;
     stmt := format($q$
         with dense as materialized (%s),
         sparse as materialized (%s),
@@ -808,7 +857,7 @@ begin
             'fs.score < (select score from edge) and (select count(distinct near.doc_id collate "C") from near) < $7')
             else '' end,
         r.title, r.body, r.metadata, r.metadata,
-        rel, route_c);
+        rows_rel, rows_route);
 
     -- With the accelerator the statement is prepared once per backend and shape (agentdb_internal.plans_cached):
     -- its text depends only on the request's shape, and the planner setting chosen above is part of it, as a
@@ -835,9 +884,10 @@ begin
             query_embedding, qt.held, cand, threshold, pred_params, row_params, top_k, rrf_k, src.id,
             coalesce(stats.n_chunks, 0)::float8, avgdl, src.bm25_k1, src.bm25_b, exclude_doc, group_by_doc, fields,
             fq_params, ex_params, seed_budget, alpha, qt.weights, qt.dfs, qt.max_tfs, qt.min_dls, qt.max_spans,
-            output_results, tenant;
+            output_results, tenant, k_cids, k_docs, k_chunks, k_titles, k_texts, k_metadata,
+            d_cids, d_distances, d_docs, d_chunks, s_cids, s_scores;
     end if;
-    if src.distributed then
+    if src.distributed and use_dense then
         -- On the workers a SET LOCAL lasts until their transaction ends, so a caller's transaction block would
         -- keep these for its later statements. RESET, which Citus sends to them only in a transaction block,
         -- gives them the database's defaults there again (retrieve's own SET clauses:
