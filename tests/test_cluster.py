@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psycopg
 import pytest
-from conftest import citus_source
+from conftest import EMBED_CACHE, citus_source, scifact_path
 from fastapi.testclient import TestClient
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -42,9 +42,13 @@ from agentdb.db.distribute import CATALOG, SHARD_COUNT
 from agentdb.db.migrate import migrate, require_citus_version
 from agentdb.db.pool import configure
 from agentdb.db.server import read_postmaster, server_status, tuning
+from agentdb.embed_cache import CachedEmbedder, cache_path
 from agentdb.errors import DatabaseSetupError, InvalidParamValue, StorageFileNotFound
+from agentdb.evaluation import evaluate, load_qrels, load_queries
 from agentdb.filters import UNFILTERED, ReadScope
 from agentdb.indexes import add_edges, check_indexes, create_index, list_indexes, neighbors, roots
+from agentdb.ingest.pipeline import ingest
+from agentdb.ingest.readers import read_records
 from agentdb.memory import (
     StoreSpec,
     delete_record,
@@ -55,6 +59,7 @@ from agentdb.memory import (
     write_records,
     write_relations,
 )
+from agentdb.retrieval import retrieve
 from agentdb.sources import FieldSpec, drop_source
 
 
@@ -1819,3 +1824,65 @@ def test_a_call_s_own_settings_reach_the_shards(
             "select pg_get_function_arg_default('agentdb.retrieve'::regproc, 11)"
         ).fetchone()
     assert defaults == [("100",), ("100",)] and argument == ("100",)
+
+
+@pytest.mark.corpus
+def test_scifact_gives_one_node_s_ndcg_on_the_cluster(
+    citus_cluster: Path, db_url: str, embedder: Any
+) -> None:
+    """SciFact (the BEIR test split: 5,183 documents, 300 judged queries) loaded through the pipeline into the
+    cluster and into one node, each in its default layout (rows on a coordinator, blocks on one node), and
+    searched at top 100 by document as tests/test_retrieval_scifact.py does: the lexical leg gives one node's
+    hits and scores on every query, so the same nDCG@10; dense and hybrid (an HNSW graph a shard against one)
+    stay within 0.01 of one node's nDCG@10 and above the quality floors."""
+    root = scifact_path()
+    corpus = root / "corpus.jsonl.gz"
+    queries, qrels = load_queries(root / "queries.jsonl"), load_qrels(root / "qrels" / "test.tsv")
+    texts = [queries[q] for q in queries if q in qrels]
+    vectors = dict(zip(texts, embedder.embed(texts), strict=True))
+    # The chunk vectors come from the clone's cache (tests/test_retrieval_scifact.py's, or filled here for it).
+    cached = CachedEmbedder(embedder, cache_path(EMBED_CACHE, embedder, corpus))
+    ndcg: dict[str, dict[str, float]] = {}
+    lexical_hits: dict[str, list[list[tuple[str, int, float]]]] = {}
+    coordinator = _coordinator_url(citus_cluster)
+    for url in (coordinator, db_url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            configure(conn)
+            assert ingest(conn, "scifact", read_records(corpus), cached, progress=False).documents == 5183
+            cached.save()
+            lexical_hits[url] = []
+            modes: tuple[Literal["lexical", "dense", "hybrid"], ...] = ("lexical", "dense", "hybrid")
+            for mode in modes:
+
+                def search(
+                    text: str,
+                    mode: Literal["lexical", "dense", "hybrid"] = mode,
+                    conn: Any = conn,
+                    url: str = url,
+                ) -> list[tuple[str, float]]:
+                    hits = retrieve(
+                        conn,
+                        "scifact",
+                        text,
+                        mode=mode,
+                        top_k=100,
+                        threshold=0,
+                        group_by_doc=True,
+                        query_embedding=None if mode == "lexical" else vectors[text],
+                    ).hits
+                    if mode == "lexical":
+                        lexical_hits[url].append([(h.id, h.chunk, h.score) for h in hits])
+                    return [(h.id, h.score) for h in hits]
+
+                ndcg.setdefault(mode, {})[url] = evaluate(search, queries, qrels, progress=False).ndcg10
+            if url == coordinator:
+                drop_source(conn, "scifact")
+    print(f"SciFact nDCG@10, cluster and one node: {ndcg}")
+    for got, want in zip(lexical_hits[coordinator], lexical_hits[db_url], strict=True):
+        assert [h[:2] for h in got] == [h[:2] for h in want]
+        assert all(abs(g[2] - w[2]) <= 1e-9 for g, w in zip(got, want, strict=True))
+    assert abs(ndcg["lexical"][coordinator] - ndcg["lexical"][db_url]) <= 1e-9
+    for mode, floor in (("lexical", 0.68), ("dense", 0.64), ("hybrid", 0.71)):
+        assert (
+            ndcg[mode][coordinator] >= floor and abs(ndcg[mode][coordinator] - ndcg[mode][db_url]) <= 0.01
+        ), mode
