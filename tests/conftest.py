@@ -40,7 +40,10 @@ EMBED_CACHE = Path(__file__).resolve().parents[1] / ".agentdb" / "embeddings"
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the slow, cluster and browser tests (see SLOW_MODULES) for the quick loop to leave out."""
+    """Mark the slow, cluster and browser tests (see SLOW_MODULES) for the quick loop to leave out, and run
+    the tests that need SciFact's chunk vectors last: .ci/run embeds them in the background meanwhile
+    (`python -m agentdb.embed_cache`), and their cache waits for it (agentdb/embed_cache.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("scifact_vectors") is not None)
     for item in items:
         module = item.path.name
         if module in SLOW_MODULES or item.get_closest_marker("corpus"):

@@ -1827,6 +1827,7 @@ def test_a_call_s_own_settings_reach_the_shards(
 
 
 @pytest.mark.corpus
+@pytest.mark.scifact_vectors
 def test_scifact_gives_one_node_s_ndcg_on_the_cluster(
     citus_cluster: Path, db_url: str, embedder: Any
 ) -> None:

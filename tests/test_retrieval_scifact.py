@@ -29,7 +29,7 @@ from agentdb.ingest.pipeline import ingest
 from agentdb.ingest.readers import Located, read_records
 from agentdb.retrieval import retrieve
 
-pytestmark = pytest.mark.corpus
+pytestmark = [pytest.mark.corpus, pytest.mark.scifact_vectors]
 
 SOURCE = "scifact"
 

@@ -48,6 +48,7 @@ from agentdb.sources import (
     unknown_source,
     write_lexical,
 )
+from agentdb.sources.ddl import CHUNK_OVERLAP, CHUNK_SIZE
 
 ANALYZE_AFTER_CHUNKS = 1000
 
@@ -246,6 +247,16 @@ def _embedding_input(title: str, chunk: str) -> str:
     return f"{title}\n{chunk}" if title else chunk
 
 
+def embedding_chunks(
+    title: str, text: str, embedder: Embedder, chunk_size: int, chunk_overlap: int
+) -> list[tuple[str, str]]:
+    """A document's chunks, each with the text the model embeds for it (the title, a line break, the chunk)."""
+    return [
+        (piece, _embedding_input(title, piece))
+        for piece in chunk_text(text, embedder.token_spans, chunk_size, chunk_overlap)
+    ]
+
+
 # A write batch (one transaction, one COPY) holds up to WRITE_BATCH documents, or fewer once EMBED_BATCH of them
 # need their chunks embedded: the model then sets the pace, and the progress bar moves each time it has embedded
 # a batch. Documents that carry their vectors go in the large batches, where each statement's fixed costs (the
@@ -375,11 +386,11 @@ def write_documents(
                     )
                     continue
                 assert embedder is not None
-                for position, piece in enumerate(
-                    chunk_text(doc.text, embedder.token_spans, source.chunk_size, source.chunk_overlap)
+                for position, (piece, embedded) in enumerate(
+                    embedding_chunks(doc.title, doc.text, embedder, source.chunk_size, source.chunk_overlap)
                 ):
                     to_embed.append(len(rows))
-                    texts.append(_embedding_input(doc.title, piece))
+                    texts.append(embedded)
                     rows.append((doc.doc_id, position, doc.title, piece, Jsonb(doc.metadata), None))
             if texts:
                 assert embedder is not None
@@ -440,8 +451,8 @@ def ingest(
     skip_bad_option: str = "--skip-bad",
     create: bool = True,
     progress: bool = True,
-    chunk_size: int = 256,
-    chunk_overlap: int = 32,
+    chunk_size: int = CHUNK_SIZE,
+    chunk_overlap: int = CHUNK_OVERLAP,
     check: Callable[[Source, list[Document], list[FieldSpec]], None] | None = None,
     write_scope: Callable[[], AbstractContextManager[Any]] | None = None,
     tenant_field: str | None = None,

@@ -45,6 +45,9 @@ LEXICAL_TRIGGERS = {
 }
 # A registered table's row trigger that clears an embedding when its text changes (register.py).
 STALE_EMBEDDING_TRIGGER = "agentdb_stale_embedding"
+# A new source's chunks: CHUNK_SIZE embedder tokens, each sharing CHUNK_OVERLAP tokens with the one before.
+CHUNK_SIZE = 256
+CHUNK_OVERLAP = 32
 
 
 def install_triggers(conn: psycopg.Connection[Any], source: Source) -> None:
@@ -66,8 +69,8 @@ def create_document_source(
     ts_config: str = "english",
     bm25_k1: float = 1.2,
     bm25_b: float = 0.75,
-    chunk_size: int = 256,
-    chunk_overlap: int = 32,
+    chunk_size: int = CHUNK_SIZE,
+    chunk_overlap: int = CHUNK_OVERLAP,
     lexical_layout: Literal["rows", "blocks"] | None = None,
     tenant_field: str | None = None,
 ) -> Source:

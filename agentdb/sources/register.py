@@ -21,7 +21,14 @@ from agentdb.sources.catalog import (
     insert_source,
     source_exists,
 )
-from agentdb.sources.ddl import STALE_EMBEDDING_TRIGGER, create_indexes, install_triggers, store_rows_inline
+from agentdb.sources.ddl import (
+    CHUNK_OVERLAP,
+    CHUNK_SIZE,
+    STALE_EMBEDDING_TRIGGER,
+    create_indexes,
+    install_triggers,
+    store_rows_inline,
+)
 
 _SA_TYPES: list[tuple[type, FieldType]] = [
     (sa.Boolean, "bool"),
@@ -108,8 +115,8 @@ def register_table(
                 "ts_config": ts_config,
                 "bm25_k1": bm25_k1,
                 "bm25_b": bm25_b,
-                "chunk_size": 256,
-                "chunk_overlap": 32,
+                "chunk_size": CHUNK_SIZE,
+                "chunk_overlap": CHUNK_OVERLAP,
                 "title_column": title_column,
             },
             fields,
