@@ -655,6 +655,127 @@ def test_a_distributed_source_in_blocks_answers_as_one_node(
         drop_store(conn, "blocknotes")
 
 
+def test_a_principal_calling_the_shard_readers_itself_reads_only_its_own_chunks(
+    citus_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SECURITY DEFINER readers of a distributed source's blocks (agentdb_internal.principal_block_postings,
+    and principal_bm25_topk before the C cursor) take a shard's anchor key from their caller. A principal's role
+    calling them itself, on the coordinator or on a worker, with any key (each shard's anchor, made-up text, SQL
+    text, an empty or a long string) and the cursor's bounds garbled, reads the postings of the chunks its row
+    filter lets it read and nothing else, or gets an error: a key of a shard the node does not hold names a table
+    that is not there. On each worker the shards it holds give exactly those postings, and nothing changes."""
+    corpus = tmp_path / "pried.jsonl"
+    _random_corpus(corpus, seed=41, count=160)
+    coordinator = _coordinator_url(citus_cluster)
+    monkeypatch.setenv("DATABASE_URL", coordinator)
+    assert main(["ingest", "pried", str(corpus), "--layout", "blocks", "--no-progress"]) == 0
+    terms = ["alpha", "kappa", "rho", "absent"]
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        configure(conn)
+        role = create_principal(conn, "prying", tables=["pried"], row_filter={"team": "t1"})[0].role
+        source_id, table = conn.execute(
+            "select id, format('%I.%I', table_schema, table_name) from agentdb.sources where name = 'pried'"
+        ).fetchone()  # type: ignore[misc]
+        anchors = [r[0] for r in conn.execute("select key from agentdb.shard_anchors order by key")]
+        # as the coordinator reads them: one call a shard's anchor, each on the worker holding the shard
+        by_anchor: dict[str, set[tuple[str, int]]] = {key: set() for key in anchors}
+        for key, term, chunk in conn.execute(
+            "select x.key, (x.p).term, (x.p).chunk_id from (select a.key,"
+            " agentdb_internal.shard_block_postings(%s, %s, a.key) as p from agentdb.shard_anchors a) x",
+            (source_id, terms),
+        ):
+            by_anchor[key].add((term, chunk))
+        allowed = {
+            r[0]
+            for r in conn.execute(
+                sql.SQL("select agentdb_chunk_id from {} where metadata->>'team' = 't1'").format(
+                    sql.SQL(table)
+                )
+            )
+        }
+        node_of = dict(
+            conn.execute(
+                "select a.key, n.nodeport from agentdb.shard_anchors a"
+                " join pg_dist_placement p on p.shardid = get_shard_id_for_distribution_column("
+                "'agentdb.posting_blocks', a.key) join pg_dist_node n using (groupid)"
+            ).fetchall()
+        )
+        before = conn.execute(
+            sql.SQL("select count(*), sum(hashtext(text)) from {}").format(sql.SQL(table))
+        ).fetchone()
+    everything = set().union(*by_anchor.values())
+    mine = {(term, chunk) for term, chunk in everything if chunk in allowed}
+    assert mine and mine != everything and {t for t, _ in mine} == {"alpha", "kappa", "rho"}
+    hostile = [
+        "made-up key",
+        "shard_1' or '1' = '1",
+        "x'); drop table agentdb.sources; --",
+        'agentdb.posting_blocks"; select 1; --',
+        "",
+        "ümlaut 漢字",
+        "k" * 5000,
+    ]
+    postings = "select term, chunk_id from agentdb_internal.principal_block_postings(%s, %s, %s)"
+    n = len(terms)
+    # The cursor's arguments as a caller may garble them: bounds of no term, spans of 2^62, a negative depth,
+    # arrays of other lengths.
+    cursor_args = [
+        ([1.0] * n, [1] * n, [1] * n, [1] * n, [2**40] * n, 50, 10.0),
+        ([1e300] * n, [-5] * n, [0] * n, [-1] * n, [2**62] * n, 100000, 10.0),
+        ([1.0] * n, [1] * n, [1] * n, [1] * n, [1] * n, 10, 0.0),
+        ([1.0] * n, [1] * n, [1] * n, [1] * n, [1] * n, -3, 10.0),
+        ([1.0], [1, 2], [1] * n, [], [1] * n, 10, 10.0),
+    ]
+    topk = "select cid from agentdb_internal.principal_bm25_topk(%s, %s, %s, %s, %s, %s, %s, %s, %s, 1.2, 0.75, %s)"
+    for url in _node_urls(citus_cluster):
+        read: set[tuple[str, int]] = set()
+        with psycopg.connect(url, autocommit=True) as conn:
+            port = int(conn.execute("show port").fetchone()[0])  # type: ignore[index]
+            conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+            for key in [*anchors, *hostile]:
+                try:
+                    got = {(r[0], r[1]) for r in conn.execute(postings, (source_id, terms, key))}
+                except psycopg.errors.UndefinedTable:
+                    # only a key of a shard held elsewhere: any other text hashes to some shard too
+                    assert node_of[key if key in node_of else _anchor_of(coordinator, key)] != port
+                    continue
+                assert got <= mine, (url, key)
+                read |= got
+                if key in by_anchor:
+                    assert got == by_anchor[key] & mine and node_of[key] == port, (url, key)
+                for args in cursor_args:
+                    try:
+                        ids = [r[0] for r in conn.execute(topk, (source_id, terms, *args, key))]
+                    except (psycopg.errors.DataException, psycopg.errors.InvalidParameterValue):
+                        continue
+                    assert set(ids) <= {chunk for _, chunk in mine}, (url, key, args)
+                    if key in by_anchor and args is cursor_args[0]:
+                        assert set(ids) == {chunk for _, chunk in by_anchor[key] & mine}, (url, key)
+            assert conn.execute("select current_user").fetchone() == (role,)
+        held = {key for key, node in node_of.items() if node == port}
+        assert read == set().union(*(by_anchor[k] for k in held)) & mine
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        assert (
+            conn.execute(
+                sql.SQL("select count(*), sum(hashtext(text)) from {}").format(sql.SQL(table))
+            ).fetchone()
+            == before
+        )
+        delete_principal(conn, "prying")
+
+
+def _anchor_of(url: str, key: str) -> str:
+    """The anchor key of the shard that `key` hashes to."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "select a.key from agentdb.shard_anchors a where get_shard_id_for_distribution_column("
+            "'agentdb.posting_blocks', a.key) = get_shard_id_for_distribution_column('agentdb.posting_blocks', %s::text)",
+            (key,),
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def _scored_keys(
     url: str, source: str, keys: list[str], query: str, vector: list[float], role: str | None = None
 ) -> list[Any]:
