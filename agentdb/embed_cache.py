@@ -1,13 +1,14 @@
 """Chunk embeddings kept on disk between runs, for a corpus that several runs ingest from scratch.
 
 `make test` ingests SciFact in tests/test_retrieval_scifact.py, runs that file again on the SQL lexical path
-in a new session, and `make bench` ingests it a third time into bench/.cache: three times the same 8,993 chunks
-embedded by the same model (about 5 minutes of CPU each on 2 cores). `CachedEmbedder` wraps an embedder and
-answers the texts it has seen from a file instead; the file is keyed by the model, the backend and a digest of
-the corpus file and a digest of agentdb's embedding code (`cache_path`), so another model, backend, corpus or
-embedding code never reads it (delete the file, or the folder, to embed again). Vectors are looked up by a
-digest of the exact text, so a text the file lacks (another chunking) is embedded and added. It is for
-benchmarks and tests that ingest a fixed public corpus; nothing in agentdb's own ingestion uses it.
+in a new session, and `make bench` ingests it a third time into bench/.cache: three times the same 8,993
+chunks embedded by the same model (about 14 minutes each on 2 cores: some 10 texts a second). `CachedEmbedder`
+wraps an embedder and answers the texts it has seen from a file instead; the file is keyed by the model, the
+backend and a digest of the corpus file and a digest of agentdb's embedding code (`cache_path`), so another
+model, backend, corpus or embedding code never reads it (delete the file, or the folder, to embed again).
+Vectors are looked up by a digest of the exact text, so a text the file lacks (another chunking) is embedded
+and added. It is for benchmarks and tests that ingest a fixed public corpus; nothing in agentdb's own
+ingestion uses it.
 
 `python -m agentdb.embed_cache CORPUS` fills the file ahead of time (`warm`), chunking the corpus as ingestion
 does. It holds the file's lock meanwhile, and a `CachedEmbedder` opened then waits for it and reads what it
@@ -126,7 +127,7 @@ class CachedEmbedder:
 def warm(corpus: Path, embedder: Embedder, directory: Path, *, progress: bool = True) -> CachedEmbedder:
     """Embed every chunk of `corpus` that its cache file under `directory` lacks, chunked as `ingest` chunks a
     new source (its default chunk size and overlap), and save the file; the lock is held throughout."""
-    from agentdb.ingest.pipeline import FieldMap, embedding_chunks, prepare
+    from agentdb.ingest.pipeline import EMBED_BATCH, FieldMap, embedding_chunks, prepare
     from agentdb.ingest.readers import read_records
     from agentdb.sources.ddl import CHUNK_OVERLAP, CHUNK_SIZE
 
@@ -135,8 +136,8 @@ def warm(corpus: Path, embedder: Embedder, directory: Path, *, progress: bool = 
         cached = CachedEmbedder(embedder, path, wait=False)
         documents, _, _ = prepare(read_records(corpus), FieldMap(), [], embedder.dim, skip_bad=False)
         bar = tqdm(total=len(documents), unit="doc", disable=not progress, desc=f"embed {corpus.name}")
-        for start in range(0, len(documents), 64):
-            batch = documents[start : start + 64]
+        for start in range(0, len(documents), EMBED_BATCH):
+            batch = documents[start : start + EMBED_BATCH]
             texts = [
                 embedded
                 for doc in batch
