@@ -28,12 +28,16 @@ run: install
 	$(BIN)/agentdb demo $(if $(PORT),--port $(PORT))
 
 # The whole suite takes the accelerated lexical path where the accelerator builds (tests/test_accel.py compares
-# both paths in one session); the lexical test files run once more with the plain SQL path forced.
+# both paths in one session); the lexical test files run once more with the plain SQL path forced. Both runs hand
+# whole test modules to TEST_WORKERS processes (pytest-xdist), each with its own embedded server: a single
+# process leaves a core idle while its tests wait on servers, subprocesses and the network.
 LEXICAL_TESTS := tests/test_blocks.py tests/test_fusion.py tests/test_retrieval_scifact.py
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test: dev
-	$(BIN)/python -m pytest -q
-	AGENTDB_LEXICAL_PATH=sql $(BIN)/python -m pytest -q $(LEXICAL_TESTS)
+	$(PYTEST)
+	AGENTDB_LEXICAL_PATH=sql $(PYTEST) $(LEXICAL_TESTS)
 
 lint: dev
 	$(BIN)/ruff check agentdb navigation tests bench examples

@@ -42,8 +42,13 @@ EMBED_CACHE = Path(__file__).resolve().parents[1] / ".agentdb" / "embeddings"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the slow, cluster and browser tests (see SLOW_MODULES) for the quick loop to leave out, and run
     the tests that need SciFact's chunk vectors last: .ci/run embeds them in the background meanwhile
-    (`python -m agentdb.embed_cache`), and their cache waits for it (agentdb/embed_cache.py)."""
-    items.sort(key=lambda item: item.get_closest_marker("scifact_vectors") is not None)
+    (`python -m agentdb.embed_cache`), and their cache waits for it (agentdb/embed_cache.py). Their modules go
+    last whole, the marked tests at their end: `make test` hands out whole modules to its workers (pytest-xdist,
+    `--dist loadfile`), and a module handed out early would hold its worker waiting for the vectors."""
+    late_modules = {item.path for item in items if item.get_closest_marker("scifact_vectors")}
+    items.sort(
+        key=lambda item: (item.path in late_modules, item.get_closest_marker("scifact_vectors") is not None)
+    )
     for item in items:
         module = item.path.name
         if module in SLOW_MODULES or item.get_closest_marker("corpus"):

@@ -149,7 +149,8 @@ def test_every_readme_block_runs(demo: dict[str, Any]) -> None:
                 makefile,
                 re.M,
             ), where
-            assert re.search(r"^test: dev\n\t\$\(BIN\)/python -m pytest -q$", makefile, re.M), where
+            assert re.search(r"^PYTEST := \$\(BIN\)/python -m pytest -q ", makefile, re.M), where
+            assert re.search(r"^test: dev\n\t\$\(PYTEST\)$", makefile, re.M), where
             assert [c.split()[1] for c in cmds] == ["run", "test"], where
             health = httpx.get(f"http://127.0.0.1:{demo['port']}/healthz").json()
             assert health["status"] == "ok", health

@@ -285,7 +285,7 @@ def test_rrf_scores_are_exact_and_equal_sums_tie(scifact: Any, judged: Any) -> N
     floats and tie by document and chunk (at k 60, ranks 57 and 330 sum to exactly 1/90, the score of rank 30
     alone; adding the two separately rounded terms tells them apart)."""
     exact_ties = 0
-    for text in list(judged[0].values())[:60]:
+    for text in judged[0].values():
         result = retrieve(
             scifact,
             SOURCE,
@@ -308,7 +308,10 @@ def test_rrf_scores_are_exact_and_equal_sums_tie(scifact: Any, judged: Any) -> N
             for a, b, x, y in zip(result.hits, result.hits[1:], exact, exact[1:], strict=False)
             if x == y and {a.rank_dense, a.rank_sparse, None} != {b.rank_dense, b.rank_sparse, None}
         )
-    # The property is exercised: some pages hold equal sums from different pairs of ranks.
+    # The property is exercised: some pages hold equal sums from different pairs of ranks. Every judged query is
+    # asked: the dense ranks come from an HNSW graph whose build is not repeatable (pgvector draws each node's
+    # level at random): in one run of 2026-12-05 the first 60 queries held no such tie; all 300 held 25 and 28 in
+    # the next two.
     assert exact_ties > 0
 
 
