@@ -24,7 +24,9 @@
  * chunk and the term's max_span and bound until its row is read); the candidates then hold full
  * scores and offer themselves to the best k, theta rises, and terms leave the essential set. Each term is read
  * forward only, in chunk order: its first READ_AHEAD blocks through one index scan all terms share, the rest
- * (a frequent term's) through a scan of its own. Against summing term at a time into an accumulator over the
+ * (a frequent term's) through a scan of its own. A block whose postings all lie in the window is read in place
+ * from its row (the postings a term sums, or the few at the candidates a left-out term adds); only a block
+ * reaching into later windows is decoded and kept. Against summing term at a time into an accumulator over the
  * whole id space, theta is a full score from the first window on, and no posting is a cache miss
  * (bench/LOG.md, 2026-12-04, night). The result is the k best chunks by (score desc, chunk id) among every
  * chunk holding a query term, visible to the caller's filters or not: the caller applies them.
@@ -278,53 +280,86 @@ block_array(const Postings *p, AttrNumber wide, AttrNumber narrow, bool *is_wide
 }
 
 /*
- * The postings of the block in p->slot into *out, chunk ids made absolute. Its arrays (offsets and lengths
- * each wide or narrow, migrations/0025_narrow_posting_blocks.sql) are detoasted into p->scratch, which is reset
- * before it returns; a block whose arrays differ in length, hold nulls or more than BLOCK postings is refused.
+ * The arrays of the block in p->slot, read in place: chunk ids as offsets from `first` (wide or narrow), tfs,
+ * and lengths (wide or narrow), migrations/0025_narrow_posting_blocks.sql. An array that must be detoasted is
+ * copied into p->scratch, which the caller resets once done with them. A block whose arrays differ in length,
+ * hold nulls or more than BLOCK postings is refused.
  */
+typedef struct BlockArrays
+{
+	int64		first;
+	int			n;
+	bool		wide_offs;
+	bool		wide_dls;
+	const void *offs;
+	const int16 *tfs;
+	const void *dls;
+} BlockArrays;
+
 static void
-read_block(Postings *p, PostingBlock *out)
+block_arrays(Postings *p, BlockArrays *a)
 {
 	bool		isnull;
-	int64		first = DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull));
 	ArrayType  *a_offs;
 	ArrayType  *a_tfs;
 	ArrayType  *a_dls;
-	bool		wide_offs;
-	bool		wide_dls;
-	const int16 *tfs;
 	MemoryContext old;
-	int			n;
+
+	a->first = DatumGetInt64(slot_getattr(p->slot, p->att_first, &isnull));
+	old = MemoryContextSwitchTo(p->scratch);
+	a_offs = block_array(p, p->att_offs, p->att_narrow_offs, &a->wide_offs);
+	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tfs, &isnull));
+	a_dls = block_array(p, p->att_dls, p->att_narrow_dls, &a->wide_dls);
+	MemoryContextSwitchTo(old);
+	a->n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
+	if (a->n > BLOCK || ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
+		ArrayGetNItems(ARR_NDIM(a_tfs), ARR_DIMS(a_tfs)) != a->n ||
+		ArrayGetNItems(ARR_NDIM(a_dls), ARR_DIMS(a_dls)) != a->n ||
+		ARR_ELEMTYPE(a_offs) != (a->wide_offs ? INT4OID : INT2OID) || ARR_ELEMTYPE(a_tfs) != INT2OID ||
+		ARR_ELEMTYPE(a_dls) != (a->wide_dls ? INT4OID : INT2OID))
+		malformed_block(p);
+	a->offs = ARR_DATA_PTR(a_offs);
+	a->tfs = (const int16 *) ARR_DATA_PTR(a_tfs);
+	a->dls = ARR_DATA_PTR(a_dls);
+}
+
+/* The chunk id of posting i of a block read in place. */
+static inline int64
+block_cid(const BlockArrays *a, int i)
+{
+	return a->first + (a->wide_offs ? ((const int32 *) a->offs)[i] : ((const int16 *) a->offs)[i]);
+}
+
+/* The length of the chunk of posting i of a block read in place. */
+static inline int32
+block_dl(const BlockArrays *a, int i)
+{
+	return a->wide_dls ? ((const int32 *) a->dls)[i] : ((const int16 *) a->dls)[i];
+}
+
+/* The postings of the block in p->slot into *out, chunk ids made absolute. */
+static void
+read_block(Postings *p, PostingBlock *out)
+{
+	BlockArrays a;
 	int			i;
 
-	old = MemoryContextSwitchTo(p->scratch);
-	a_offs = block_array(p, p->att_offs, p->att_narrow_offs, &wide_offs);
-	a_tfs = DatumGetArrayTypeP(slot_getattr(p->slot, p->att_tfs, &isnull));
-	a_dls = block_array(p, p->att_dls, p->att_narrow_dls, &wide_dls);
-	MemoryContextSwitchTo(old);
-	n = ArrayGetNItems(ARR_NDIM(a_offs), ARR_DIMS(a_offs));
-	if (n > BLOCK || ARR_HASNULL(a_offs) || ARR_HASNULL(a_tfs) || ARR_HASNULL(a_dls) ||
-		ArrayGetNItems(ARR_NDIM(a_tfs), ARR_DIMS(a_tfs)) != n ||
-		ArrayGetNItems(ARR_NDIM(a_dls), ARR_DIMS(a_dls)) != n ||
-		ARR_ELEMTYPE(a_offs) != (wide_offs ? INT4OID : INT2OID) || ARR_ELEMTYPE(a_tfs) != INT2OID ||
-		ARR_ELEMTYPE(a_dls) != (wide_dls ? INT4OID : INT2OID))
-		malformed_block(p);
-	if (wide_offs)
-		for (i = 0; i < n; i++)
-			out->cid[i] = first + ((const int32 *) ARR_DATA_PTR(a_offs))[i];
+	block_arrays(p, &a);
+	if (a.wide_offs)
+		for (i = 0; i < a.n; i++)
+			out->cid[i] = a.first + ((const int32 *) a.offs)[i];
 	else
-		for (i = 0; i < n; i++)
-			out->cid[i] = first + ((const int16 *) ARR_DATA_PTR(a_offs))[i];
-	tfs = (const int16 *) ARR_DATA_PTR(a_tfs);
-	for (i = 0; i < n; i++)
-		out->tf[i] = tfs[i];
-	if (wide_dls)
-		for (i = 0; i < n; i++)
-			out->dl[i] = ((const int32 *) ARR_DATA_PTR(a_dls))[i];
+		for (i = 0; i < a.n; i++)
+			out->cid[i] = a.first + ((const int16 *) a.offs)[i];
+	for (i = 0; i < a.n; i++)
+		out->tf[i] = a.tfs[i];
+	if (a.wide_dls)
+		for (i = 0; i < a.n; i++)
+			out->dl[i] = ((const int32 *) a.dls)[i];
 	else
-		for (i = 0; i < n; i++)
-			out->dl[i] = ((const int16 *) ARR_DATA_PTR(a_dls))[i];
-	out->n = n;
+		for (i = 0; i < a.n; i++)
+			out->dl[i] = ((const int16 *) a.dls)[i];
+	out->n = a.n;
 	MemoryContextReset(p->scratch);
 }
 
@@ -507,20 +542,21 @@ static void
 cursor_step(const Postings *p, TermCursor *c)
 {
 	ItemPointer tid = index_getnext_tid(c->scan, ForwardScanDirection);
-	IndexTuple	itup = c->scan->xs_itup;
-	TupleDesc	desc = c->scan->xs_itupdesc;
-	bool		isnull;
+	Datum		values[INDEX_MAX_KEYS];
+	bool		isnull[INDEX_MAX_KEYS];
 
 	c->more = tid != NULL;
 	if (!c->more)
 		return;
 	c->next_tid = *tid;
-	c->next_first = DatumGetInt64(index_getattr(itup, 3, desc, &isnull));
+	/* one pass over the tuple: the columns after the term have no cached offsets */
+	index_deform_tuple(c->scan->xs_itup, c->scan->xs_itupdesc, values, isnull);
+	c->next_first = DatumGetInt64(values[2]);
 	if (p->key_bounds)
 	{
-		c->next_last = DatumGetInt64(index_getattr(itup, p->itup_last, desc, &isnull));
-		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(index_getattr(itup, p->itup_last + 1, desc, &isnull)),
-									 DatumGetInt32(index_getattr(itup, p->itup_last + 2, desc, &isnull)));
+		c->next_last = DatumGetInt64(values[p->itup_last - 1]);
+		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(values[p->itup_last]),
+									 DatumGetInt32(values[p->itup_last + 1]));
 	}
 }
 
@@ -651,6 +687,32 @@ typedef struct Window
 	uint64		reached[WINDOW / 64];
 } Window;
 
+/*
+ * A block lying within the window, its row in p->slot, added to the window's scores from the row itself, in
+ * any order (a chunk's sum does not depend on the order of one term's postings).
+ */
+static void
+add_row(Postings *p, QueryTerm *t, const Entry *e, Window *w)
+{
+	BlockArrays a;
+	int			i;
+
+	block_arrays(p, &a);
+	for (i = 0; i < a.n; i++)
+	{
+		int64		cid = block_cid(&a, i);
+		int			o;
+
+		/* Windows index their scores by chunk id: a posting outside the row's own range would fall outside. */
+		if (cid < e->first || cid > e->last)
+			malformed_block(p);
+		o = (int) (cid - w->lo);
+		w->score[o] += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
+		w->reached[o >> 6] |= UINT64CONST(1) << (o & 63);
+	}
+	MemoryContextReset(p->scratch);
+}
+
 /* An essential term: each of its postings in the window adds to the window's scores. */
 static void
 add_essential(Postings *p, TermCursor *c, Window *w)
@@ -675,6 +737,11 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 		{
 			if (!read_row(p, c, e))
 				continue;
+			if (e->first >= w->lo && e->last < hi)
+			{
+				add_row(p, &c->t, e, w);	/* all its postings are in this window: done with */
+				continue;
+			}
 			(void) decode(p, e, true);
 		}
 		b = e->block;
@@ -746,6 +813,49 @@ merge_block(Postings *p, QueryTerm *t, Entry *e, Hit *cands, int64 n, int64 lo, 
 }
 
 /*
+ * The block whose row is in p->slot added to the candidates holding its chunks, read in place from the row: a
+ * non-essential block holds a few of the candidates among its BLOCK postings, so only their tfs and lengths are
+ * read. False, with nothing added, when its postings are not in chunk order (merge_block takes it decoded).
+ */
+static bool
+merge_row(Postings *p, QueryTerm *t, const Entry *e, Hit *cands, int64 n)
+{
+	BlockArrays a;
+	int64		prev = e->first;
+	int64		j;
+	int			i;
+
+	block_arrays(p, &a);
+	for (i = 0; i < a.n; i++)
+	{
+		int64		cid = block_cid(&a, i);
+
+		if (cid > e->last)
+			malformed_block(p);
+		if (cid < prev)
+		{
+			if (i == 0)
+				malformed_block(p);
+			MemoryContextReset(p->scratch);
+			return false;
+		}
+		prev = cid;
+	}
+	j = a.n > 0 ? lower_bound(cands, n, block_cid(&a, 0)) : n;
+	for (i = 0; i < a.n && j < n; i++)
+	{
+		int64		cid = block_cid(&a, i);
+
+		while (j < n && cands[j].cid < cid)
+			j++;
+		if (j < n && cands[j].cid == cid)
+			cands[j].score += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
+	}
+	MemoryContextReset(p->scratch);
+	return true;
+}
+
+/*
  * A non-essential term added to the window's candidates, `rest` the bounds of the terms after it: a block is
  * read only when a candidate in its range could reach theta with its bound (the term's until its row is read,
  * then its own); a block that may hold chunks of later windows stays an entry.
@@ -776,6 +886,15 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 			if (e->last >= lo &&
 				may_reach(cands, ncands, Max(e->first, lo), Min(e->last, hi - 1), e->bound + rest, theta))
 			{
+				if (e->block == NULL && e->last < hi)
+				{
+					/* all its postings are in this window or before: read in place, then done with */
+					if (!in_slot && !fetch_row(p, e))
+						continue;
+					if (merge_row(p, &c->t, e, cands, ncands))
+						continue;
+					in_slot = true;
+				}
 				if (e->block == NULL && !decode(p, e, in_slot))
 					continue;
 				merge_block(p, &c->t, e, cands, ncands, lo, hi);

@@ -213,6 +213,53 @@ def test_terms_with_more_blocks_than_the_cursor_reads_ahead(conn: psycopg.Connec
     compare()
 
 
+def _reversed(column: str) -> str:
+    return f"(select array_agg(x order by i desc) from unnest(b.{column}) with ordinality u(x, i))"
+
+
+def test_terms_left_out_of_the_window_sums_on_both_paths(conn: psycopg.Connection[Any]) -> None:
+    """Once theta rises, the cursor leaves the terms whose bounds sum below it out of a window's sums and reads
+    their blocks at the candidates alone: in place from the row, or decoded when its postings are not in chunk
+    order (as a write through the SQL statements may store them). 3,000 chunks, more than the first window's
+    1,024 ids: w0x in every chunk, w1x in every fifth, w2x in every 37th, among rarer words. Lexical answers at
+    several depths are the same on both paths, before and after the postings of every block of w0x are put
+    in reverse order."""
+    create_document_source(
+        conn, "left", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+    )
+    rng = random.Random(41)
+    for part in range(3):
+        rows = []
+        for i, (doc, chunk, _, meta, vec) in enumerate(_rows(rng, 1000), start=part * 1000):
+            words = ["w0x"] * rng.randint(1, 3) + ["w1x"] * (i % 5 == 0) * rng.randint(1, 2) + ["w2x"] * (i % 37 == 0)
+            words += rng.choices(WORDS[10:], k=rng.randint(3, 30))
+            rng.shuffle(words)
+            rows.append((doc, chunk, " ".join(words), meta, vec))
+        _copy(conn, rows, names=("left",))
+
+    def compare() -> None:
+        for query in ("w0x w2x", "w0x w1x w2x", "w1x w2x", "w0x w1x w2x w17x"):
+            for top_k in (1, 5, 10, 100):
+                answers = {}
+                for path in PATHS:
+                    _on(conn, path)
+                    result = retrieve(conn, "left", query, mode="lexical", top_k=top_k)
+                    assert result.diagnostics["parameters"]["lexical_path"] == path
+                    answers[path] = _answer(result)
+                assert len(answers["sql"]) == top_k, (query, top_k)
+                assert_same(answers["accel"], answers["sql"])
+
+    compare()
+    reversed_blocks = conn.execute(
+        f"""update agentdb.posting_blocks b set offs = {_reversed("offs")}, narrow_offs = {_reversed("narrow_offs")},
+                   tfs = {_reversed("tfs")}, dls = {_reversed("dls")}, narrow_dls = {_reversed("narrow_dls")}
+            from agentdb.sources s where s.id = b.source_id and s.name = 'left' and b.term = 'w0x'"""
+    ).rowcount
+    assert reversed_blocks >= 3000 // 128
+    assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check('left')"))
+    compare()
+
+
 def test_a_principal_reaches_the_cursor_only_through_its_policy(
     conn: psycopg.Connection[Any], corpus: random.Random, reader: Any
 ) -> None:
