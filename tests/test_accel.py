@@ -213,8 +213,11 @@ def test_terms_with_more_blocks_than_the_cursor_reads_ahead(conn: psycopg.Connec
     compare()
 
 
-def _reversed(column: str) -> str:
-    return f"(select array_agg(x order by i desc) from unnest(b.{column}) with ordinality u(x, i))"
+def _reversed(column: str) -> sql.Composed:
+    """Column `column` of a posting block with its elements in reverse order."""
+    return sql.SQL(
+        "{} = (select array_agg(x order by i desc) from unnest(b.{}) with ordinality u(x, i))"
+    ).format(sql.Identifier(column), sql.Identifier(column))
 
 
 def test_terms_left_out_of_the_window_sums_on_both_paths(conn: psycopg.Connection[Any]) -> None:
@@ -231,7 +234,11 @@ def test_terms_left_out_of_the_window_sums_on_both_paths(conn: psycopg.Connectio
     for part in range(3):
         rows = []
         for i, (doc, chunk, _, meta, vec) in enumerate(_rows(rng, 1000), start=part * 1000):
-            words = ["w0x"] * rng.randint(1, 3) + ["w1x"] * (i % 5 == 0) * rng.randint(1, 2) + ["w2x"] * (i % 37 == 0)
+            words = (
+                ["w0x"] * rng.randint(1, 3)
+                + ["w1x"] * (i % 5 == 0) * rng.randint(1, 2)
+                + ["w2x"] * (i % 37 == 0)
+            )
             words += rng.choices(WORDS[10:], k=rng.randint(3, 30))
             rng.shuffle(words)
             rows.append((doc, chunk, " ".join(words), meta, vec))
@@ -250,10 +257,12 @@ def test_terms_left_out_of_the_window_sums_on_both_paths(conn: psycopg.Connectio
                 assert_same(answers["accel"], answers["sql"])
 
     compare()
+    columns = ("offs", "narrow_offs", "tfs", "dls", "narrow_dls")
     reversed_blocks = conn.execute(
-        f"""update agentdb.posting_blocks b set offs = {_reversed("offs")}, narrow_offs = {_reversed("narrow_offs")},
-                   tfs = {_reversed("tfs")}, dls = {_reversed("dls")}, narrow_dls = {_reversed("narrow_dls")}
-            from agentdb.sources s where s.id = b.source_id and s.name = 'left' and b.term = 'w0x'"""
+        sql.SQL(
+            "update agentdb.posting_blocks b set {} from agentdb.sources s"
+            " where s.id = b.source_id and s.name = 'left' and b.term = 'w0x'"
+        ).format(sql.SQL(", ").join(_reversed(c) for c in columns))
     ).rowcount
     assert reversed_blocks >= 3000 // 128
     assert all(n == 0 for _, n in conn.execute("select * from agentdb.lexical_check('left')"))
