@@ -812,44 +812,81 @@ merge_block(Postings *p, QueryTerm *t, Entry *e, Hit *cands, int64 n, int64 lo, 
 	}
 }
 
+/* Whether the postings of a block read in place are in chunk order (a write through SQL may store another). */
+static bool
+block_sorted(const BlockArrays *a)
+{
+	bool		descends = false;
+	int			i;
+
+	if (a->wide_offs)
+		for (i = 1; i < a->n; i++)
+			descends |= ((const int32 *) a->offs)[i] < ((const int32 *) a->offs)[i - 1];
+	else
+		for (i = 1; i < a->n; i++)
+			descends |= ((const int16 *) a->offs)[i] < ((const int16 *) a->offs)[i - 1];
+	return !descends;
+}
+
+/*
+ * The position of the first posting at or after position i of a block in chunk order whose chunk id is cid or
+ * more (a->n when none): a galloping search, as the candidates it is asked for ascend.
+ */
+static inline int
+block_seek(const BlockArrays *a, int i, int64 cid)
+{
+	int			step = 1;
+	int			r;
+
+	while (i + step < a->n && block_cid(a, i + step) < cid)
+	{
+		i += step;
+		step *= 2;
+	}
+	r = Min(i + step, a->n);
+	while (i < r)
+	{
+		int			m = i + (r - i) / 2;
+
+		if (block_cid(a, m) < cid)
+			i = m + 1;
+		else
+			r = m;
+	}
+	return i;
+}
+
 /*
  * The block whose row is in p->slot added to the candidates holding its chunks, read in place from the row: a
- * non-essential block holds a few of the candidates among its BLOCK postings, so only their tfs and lengths are
- * read. False, with nothing added, when its postings are not in chunk order (merge_block takes it decoded).
+ * non-essential block holds a few of the candidates among its BLOCK postings, so each candidate in its range is
+ * sought among them, and only the tfs and lengths of those found are read. False, with nothing added, when its
+ * postings are not in chunk order (merge_block takes it decoded).
  */
 static bool
 merge_row(Postings *p, QueryTerm *t, const Entry *e, Hit *cands, int64 n)
 {
 	BlockArrays a;
-	int64		prev = e->first;
+	int64		last;
 	int64		j;
-	int			i;
+	int			i = 0;
 
 	block_arrays(p, &a);
-	for (i = 0; i < a.n; i++)
+	if (!block_sorted(&a))
 	{
-		int64		cid = block_cid(&a, i);
-
-		if (cid > e->last)
-			malformed_block(p);
-		if (cid < prev)
-		{
-			if (i == 0)
-				malformed_block(p);
-			MemoryContextReset(p->scratch);
-			return false;
-		}
-		prev = cid;
+		MemoryContextReset(p->scratch);
+		return false;
 	}
-	j = a.n > 0 ? lower_bound(cands, n, block_cid(&a, 0)) : n;
-	for (i = 0; i < a.n && j < n; i++)
+	if (a.n > 0)
 	{
-		int64		cid = block_cid(&a, i);
-
-		while (j < n && cands[j].cid < cid)
-			j++;
-		if (j < n && cands[j].cid == cid)
-			cands[j].score += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
+		if (block_cid(&a, 0) < e->first || block_cid(&a, a.n - 1) > e->last)
+			malformed_block(p);
+		last = block_cid(&a, a.n - 1);
+		for (j = lower_bound(cands, n, block_cid(&a, 0)); j < n && cands[j].cid <= last; j++)
+		{
+			i = block_seek(&a, i, cands[j].cid);
+			if (block_cid(&a, i) == cands[j].cid)
+				cands[j].score += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
+		}
 	}
 	MemoryContextReset(p->scratch);
 	return true;
