@@ -345,20 +345,12 @@ read_block(Postings *p, PostingBlock *out)
 	int			i;
 
 	block_arrays(p, &a);
-	if (a.wide_offs)
-		for (i = 0; i < a.n; i++)
-			out->cid[i] = a.first + ((const int32 *) a.offs)[i];
-	else
-		for (i = 0; i < a.n; i++)
-			out->cid[i] = a.first + ((const int16 *) a.offs)[i];
 	for (i = 0; i < a.n; i++)
+	{
+		out->cid[i] = block_cid(&a, i);
 		out->tf[i] = a.tfs[i];
-	if (a.wide_dls)
-		for (i = 0; i < a.n; i++)
-			out->dl[i] = ((const int32 *) a.dls)[i];
-	else
-		for (i = 0; i < a.n; i++)
-			out->dl[i] = ((const int16 *) a.dls)[i];
+		out->dl[i] = block_dl(&a, i);
+	}
 	out->n = a.n;
 	MemoryContextReset(p->scratch);
 }
@@ -687,6 +679,16 @@ typedef struct Window
 	uint64		reached[WINDOW / 64];
 } Window;
 
+/* A posting of chunk cid, in the window, added to its score. */
+static inline void
+window_add(const Postings *p, Window *w, double wk, int64 cid, int32 tf, int32 dl)
+{
+	int			o = (int) (cid - w->lo);
+
+	w->score[o] += contribution(p, wk, tf, dl);
+	w->reached[o >> 6] |= UINT64CONST(1) << (o & 63);
+}
+
 /*
  * A block lying within the window, its row in p->slot, added to the window's scores from the row itself, in
  * any order (a chunk's sum does not depend on the order of one term's postings).
@@ -701,14 +703,11 @@ add_row(Postings *p, QueryTerm *t, const Entry *e, Window *w)
 	for (i = 0; i < a.n; i++)
 	{
 		int64		cid = block_cid(&a, i);
-		int			o;
 
 		/* Windows index their scores by chunk id: a posting outside the row's own range would fall outside. */
 		if (cid < e->first || cid > e->last)
 			malformed_block(p);
-		o = (int) (cid - w->lo);
-		w->score[o] += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
-		w->reached[o >> 6] |= UINT64CONST(1) << (o & 63);
+		window_add(p, w, t->wk, cid, a.tfs[i], block_dl(&a, i));
 	}
 	MemoryContextReset(p->scratch);
 }
@@ -746,12 +745,7 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 		}
 		b = e->block;
 		for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
-		{
-			int			o = (int) (b->cid[e->pos] - w->lo);
-
-			w->score[o] += contribution(p, c->t.wk, b->tf[e->pos], b->dl[e->pos]);
-			w->reached[o >> 6] |= UINT64CONST(1) << (o & 63);
-		}
+			window_add(p, w, c->t.wk, b->cid[e->pos], b->tf[e->pos], b->dl[e->pos]);
 		if (e->pos < b->n)
 			c->entries[n++] = *e;
 		else
