@@ -11,8 +11,9 @@ most related abstracts). Rows are generated first (outside the load's time), the
 so agentdb's statement triggers build the lexical index in the first layout of --layouts as they would for any
 writer; the blocks are merged, the HNSW index is dropped before the load and rebuilt after it with the same
 definition. Each further layout is rebuilt on the same rows. Then 200 SciFact queries per mode are timed, and the lexical top 10 rows (accelerated, SQL path,
-pg_textsearch) are run by 1 and 4 concurrent clients for --throughput-seconds each (queries a second). A
-benchmark, not a test.
+pg_textsearch) are run by 1 and 4 concurrent clients for --throughput-seconds each (queries a second). With
+two sizes or more, kept (--drop-after 0), the growth of the lexical rows from the smallest to the largest is
+timed once more with both databases in the same passes. A benchmark, not a test.
 
 Loading options: --writers N COPYs the batches on N connections at once (each batch its own transaction;
 the rows are the same whatever N); --lexical-only loads no vectors, builds no HNSW index and times the
@@ -88,6 +89,8 @@ CLIENTS = (1, 4)
 PG_TEXTSEARCH_ROWS = tuple(r for r, (mode, _, _) in ROW_SPECS.items() if mode == "pg_textsearch")
 ROWS = tuple(r for r in ROW_SPECS if r not in PG_TEXTSEARCH_ROWS)
 LEXICAL_ROWS = tuple(r for r in ROWS if ROW_SPECS[r][0] in ("lexical", "bm25s"))
+# The rows whose growth from the smallest to the largest size is also timed with both sizes in the same passes.
+GROWTH_ROWS = ("lexical", "lexical top 100")
 # The peers whose top k is compared with agentdb's exact BM25 top k (the share of its chunks they find).
 OVERLAP_WITH = {
     "bm25s (in process)": "lexical",
@@ -490,7 +493,6 @@ def time_modes(
     import bm25s
 
     from agentdb.db.accel import path_in_use
-    from agentdb.retrieval import retrieve
     from agentdb.sources import get_source
 
     conns = {
@@ -515,17 +517,8 @@ def time_modes(
         mode, top_k, where = ROW_SPECS[row]
         db = db or conns.get(where, conn)
         if mode == "pg_textsearch":
-            src = get_source(conn, name)
-            statement = sql.SQL(
-                "select doc_id, chunk, -(text <@> to_bm25query(%(q)s, %(index)s)) from {}"
-                " order by text <@> to_bm25query(%(q)s, %(index)s) limit %(k)s"
-            ).format(src.table)
-
-            def search_pgts(i: int) -> list[tuple[str, int, float]]:
-                found = db.execute(statement, {"q": texts[i], "index": pgts_index, "k": top_k}).fetchall()
-                return [(d, c, round(float(s), 9)) for d, c, s in found]
-
-            return search_pgts
+            assert pgts_index is not None
+            return pg_textsearch_search(db, get_source(conn, name).table, texts, pgts_index, top_k)
         if mode == "bm25s":
             index, stemmer = bm25
 
@@ -540,20 +533,7 @@ def time_modes(
 
             return search_bm25s
 
-        def search(i: int) -> list[tuple[str, int, float]]:
-            vec = None if mode == "lexical" or qvecs is None else qvecs[i]
-            result = retrieve(
-                db,
-                name,
-                texts[i],
-                mode=mode,  # type: ignore[arg-type]
-                top_k=top_k,
-                threshold=0.0,
-                query_embedding=vec,  # type: ignore[arg-type]
-            )
-            return [(h.id, h.chunk, round(h.score, 9)) for h in result.hits]
-
-        return search
+        return retrieve_search(db, name, texts, qvecs, mode, top_k)
 
     hits, best, first = time_systems(
         [(row, searcher(row)) for row in rows], len(texts), desc=f"{name} queries", repeat=repeat
@@ -602,6 +582,88 @@ def time_modes(
         }
     conns["sql"].close()
     conns["unpruned"].close()
+    return out
+
+
+def retrieve_search(
+    db: psycopg.Connection[Any], name: str, texts: list[str], qvecs: np.ndarray | None, mode: str, top_k: int
+) -> Callable[[int], list[tuple[str, int, float]]]:
+    """agentdb's retrieve of query i on `db`: (id, chunk, score to 1e-9) of each hit."""
+    from agentdb.retrieval import retrieve
+
+    def search(i: int) -> list[tuple[str, int, float]]:
+        vec = None if mode == "lexical" or qvecs is None else qvecs[i]
+        result = retrieve(
+            db,
+            name,
+            texts[i],
+            mode=mode,  # type: ignore[arg-type]
+            top_k=top_k,
+            threshold=0.0,
+            query_embedding=vec,  # type: ignore[arg-type]
+        )
+        return [(h.id, h.chunk, round(h.score, 9)) for h in result.hits]
+
+    return search
+
+
+def pg_textsearch_search(
+    db: psycopg.Connection[Any], table: sql.Composed, texts: list[str], index: str, top_k: int
+) -> Callable[[int], list[tuple[str, int, float]]]:
+    """pg_textsearch's top k of query i through its BM25 index `index` on `table`'s text."""
+    statement = sql.SQL(
+        "select doc_id, chunk, -(text <@> to_bm25query(%(q)s, %(index)s)) from {}"
+        " order by text <@> to_bm25query(%(q)s, %(index)s) limit %(k)s"
+    ).format(table)
+
+    def search(i: int) -> list[tuple[str, int, float]]:
+        found = db.execute(statement, {"q": texts[i], "index": index, "k": top_k}).fetchall()
+        return [(d, c, round(float(s), 9)) for d, c, s in found]
+
+    return search
+
+
+def interleaved_growth(
+    base_url: str,
+    corpus: str,
+    sizes: list[int],
+    db_suffix: str,
+    texts: list[str],
+    repeat: int,
+    pg_textsearch: bool,
+) -> dict[str, Any]:
+    """Growth from the smallest to the largest size of a corpus, both databases timed in the same passes: in
+    each pass every (row, size) runs all queries in a block, the sizes one after the other, so a machine whose
+    speed drifts during the run (as this shared one does, by up to 1.4x between a run's phases) weighs on both
+    sizes alike. The rows of GROWTH_ROWS, pg_textsearch's with --pg-textsearch; each query's best of `repeat`."""
+    from agentdb.sources import get_source
+
+    db_prefix, name_prefix = CORPORA[corpus]
+    small, large = min(sizes), max(sizes)
+    conns = {n: connect(database_url(base_url, f"{db_prefix}_{n}{db_suffix}")) for n in (small, large)}
+    systems = []
+    for row in GROWTH_ROWS + (PG_TEXTSEARCH_ROWS if pg_textsearch else ()):
+        mode, top_k, _ = ROW_SPECS[row]
+        for n, db in conns.items():
+            name = f"{name_prefix}_{n}"
+            if mode == "pg_textsearch":
+                src = get_source(db, name)
+                index, _ = pg_textsearch_index(db, src.table_schema, src.table_name)
+                search = pg_textsearch_search(db, src.table, texts, index, top_k)
+            else:
+                search = retrieve_search(db, name, texts, None, mode, top_k)
+            systems.append((f"{row} @ {n}", search))
+    _, best, _ = time_systems(systems, len(texts), desc=f"{corpus} growth, interleaved", repeat=repeat)
+    for db in conns.values():
+        db.close()
+    out: dict[str, Any] = {"corpus": corpus, "sizes": [small, large], "timing_passes": repeat, "rows": {}}
+    for row in GROWTH_ROWS + (PG_TEXTSEARCH_ROWS if pg_textsearch else ()):
+        a, b = best[f"{row} @ {small}"], best[f"{row} @ {large}"]
+        out["rows"][row] = {
+            "p50_ms": [percentile(a, 50), percentile(b, 50)],
+            "p95_ms": [percentile(a, 95), percentile(b, 95)],
+            "growth_p50": percentile(b, 50) / percentile(a, 50),
+        }
     return out
 
 
@@ -1006,6 +1068,17 @@ def main() -> int:
             timings_path.write_text(json.dumps(saved, indent=2))
             row["data_dir_bytes_before_drop"] = before
             print(f"dropped {db}: data dir {human_bytes(before)} -> {human_bytes(dir_size_bytes(DATA_DIR))}")
+    growth: list[dict[str, Any]] = []
+    if len(set(args.sizes)) > 1:
+        if len(args.layouts) > 1 or (args.drop_after and max(args.sizes) >= args.drop_after):
+            print("growth not timed interleaved: it needs one layout and the databases kept (--drop-after 0)")
+        else:
+            growth = [
+                interleaved_growth(
+                    base_url, corpus, args.sizes, args.db_suffix, texts, args.repeat, bool(args.pg_textsearch)
+                )
+                for corpus in args.corpus
+            ]
     elapsed = time.perf_counter() - wall
 
     headers = ["corpus", "chunks", "layout", "mode", "p50 ms", "p95 ms", "hits"]
@@ -1138,6 +1211,29 @@ def main() -> int:
                 f"target hybrid p50 <= {TARGET_HYBRID_P50_MS_1M:.0f} ms at 1M chunks ({r['layout']}): "
                 f"{p50:.2f} ms, {verdict}"
             )
+    if growth:
+        print()
+        print(
+            format_table(
+                ["corpus", "row", "p50 / p95 ms, smaller", "p50 / p95 ms, larger", "growth of p50"],
+                [
+                    [
+                        g["corpus"],
+                        row,
+                        f"{r['p50_ms'][0]:.2f} / {r['p95_ms'][0]:.2f} ({g['sizes'][0]:,})",
+                        f"{r['p50_ms'][1]:.2f} / {r['p95_ms'][1]:.2f} ({g['sizes'][1]:,})",
+                        f"{r['growth_p50']:.2f}x",
+                    ]
+                    for g in growth
+                    for row, r in g["rows"].items()
+                ],
+                left=2,
+            )
+        )
+        print(
+            "Growth, interleaved: both sizes timed in the same passes (each row and size a block of all queries,\n"
+            "the sizes one after the other), so the machine's drift between the run's phases weighs on both alike."
+        )
     if compared:
         print()
         print_rebuild_compare(compared, args.queries, not args.no_json)
@@ -1147,14 +1243,11 @@ def main() -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / ("scale_lexical.json" if args.lexical_only else "scale.json")
         # Keep the figures of sizes not measured in this run (a 1M run takes about an hour).
-        by_size = (
-            {
-                (r.get("corpus", "synthetic"), r["size"], r.get("layout", "rows")): r
-                for r in json.loads(path.read_text()).get("results", [])
-            }
-            if path.exists()
-            else {}
-        )
+        before = json.loads(path.read_text()) if path.exists() else {}
+        by_size = {
+            (r.get("corpus", "synthetic"), r["size"], r.get("layout", "rows")): r
+            for r in before.get("results", [])
+        }
         by_size.update({(r["corpus"], r["size"], r["layout"]): r for r in results})
         out = {
             "benchmark": "scale",
@@ -1181,6 +1274,7 @@ def main() -> int:
                 "throughput_clients": list(CLIENTS),
             },
             "results": [by_size[k] for k in sorted(by_size)],
+            "growth_interleaved": growth or before.get("growth_interleaved", []),
             "run_seconds": round(elapsed, 1),
         }
         path.write_text(json.dumps(out, indent=2, default=float) + "\n")
