@@ -25,8 +25,9 @@
  * scores and offer themselves to the best k, theta rises, and terms leave the essential set. Each term is read
  * forward only, in chunk order: its first READ_AHEAD blocks through one index scan all terms share, the rest
  * (a frequent term's) through a scan of its own. A block whose postings all lie in the window is read in place
- * from its row (the postings a term sums, or the few at the candidates a left-out term adds); only a block
- * reaching into later windows is decoded and kept. Against summing term at a time into an accumulator over the
+ * from its row, in whatever order it holds its postings (those a term sums, or the few at the candidates a
+ * left-out term adds: the window marks its candidates by chunk id); only a block reaching into later windows is
+ * decoded, sorted and kept. Against summing term at a time into an accumulator over the
  * whole id space, theta is a full score from the first window on, and no posting is a cache miss
  * (bench/LOG.md, 2026-12-04, night). The result is the k best chunks by (score desc, chunk id) among every
  * chunk holding a query term, visible to the caller's filters or not: the caller applies them.
@@ -670,14 +671,32 @@ cursor_next(const TermCursor *c)
 	return next;
 }
 
-/* The window [lo, hi), hi - lo <= WINDOW: the partial scores of its chunks and which of them a posting reached. */
+/*
+ * The window [lo, hi), hi - lo <= WINDOW: the partial scores of its chunks and which of them a posting reached;
+ * then which of them are candidates, and each candidate's place in the candidates' array (valid where its bit is
+ * set), so that a left-out term's posting finds its candidate by its chunk id alone, in any order.
+ */
 typedef struct Window
 {
 	int64		lo;
 	int64		hi;
 	double		score[WINDOW];
 	uint64		reached[WINDOW / 64];
+	uint64		is_cand[WINDOW / 64];
+	int32		cand_at[WINDOW];
 } Window;
+
+/* Whether chunk cid is one of the window's candidates; *at its place among them if so. */
+static inline bool
+window_cand(const Window *w, int64 cid, int32 *at)
+{
+	uint64		o = (uint64) (cid - w->lo);
+
+	if (o >= (uint64) (w->hi - w->lo) || !(w->is_cand[o >> 6] & (UINT64CONST(1) << (o & 63))))
+		return false;
+	*at = w->cand_at[o];
+	return true;
+}
 
 /* A posting of chunk cid, in the window, added to its score. */
 static inline void
@@ -754,7 +773,10 @@ add_essential(Postings *p, TermCursor *c, Window *w)
 	c->n = n;
 }
 
-/* The window's chunks whose score plus `bound` reaches theta, in chunk order; the window is left cleared. */
+/*
+ * The window's chunks whose score plus `bound` reaches theta, in chunk order, marked as its candidates; its
+ * scores are left cleared.
+ */
 static int64
 window_candidates(Window *w, double bound, double theta, Hit *cands)
 {
@@ -775,6 +797,8 @@ window_candidates(Window *w, double bound, double theta, Hit *cands)
 			{
 				cands[n].cid = w->lo + o;
 				cands[n].score = w->score[o];
+				w->is_cand[o >> 6] |= UINT64CONST(1) << (o & 63);
+				w->cand_at[o] = (int32) n;
 				n++;
 			}
 			w->score[o] = 0;
@@ -783,107 +807,41 @@ window_candidates(Window *w, double bound, double theta, Hit *cands)
 	return n;
 }
 
-/* A decoded block's postings in [lo, hi) added to the candidates holding them; its position moves past hi. */
+/* A decoded block's postings in the window added to the candidates holding them; its position moves past it. */
 static void
-merge_block(Postings *p, QueryTerm *t, Entry *e, Hit *cands, int64 n, int64 lo, int64 hi)
+merge_block(Postings *p, QueryTerm *t, Entry *e, const Window *w, Hit *cands)
 {
 	PostingBlock *b = e->block;
-	int64		j;
+	int32		at;
 
-	while (e->pos < b->n && b->cid[e->pos] < lo)
-		e->pos++;
-	if (e->pos == b->n)
-		return;
-	j = lower_bound(cands, n, b->cid[e->pos]);
-	for (; e->pos < b->n && b->cid[e->pos] < hi; e->pos++)
-	{
-		int64		cid = b->cid[e->pos];
-
-		while (j < n && cands[j].cid < cid)
-			j++;
-		if (j < n && cands[j].cid == cid)
-			cands[j].score += contribution(p, t->wk, b->tf[e->pos], b->dl[e->pos]);
-	}
-}
-
-/* Whether the postings of a block read in place are in chunk order (a write through SQL may store another). */
-static bool
-block_sorted(const BlockArrays *a)
-{
-	bool		descends = false;
-	int			i;
-
-	if (a->wide_offs)
-		for (i = 1; i < a->n; i++)
-			descends |= ((const int32 *) a->offs)[i] < ((const int32 *) a->offs)[i - 1];
-	else
-		for (i = 1; i < a->n; i++)
-			descends |= ((const int16 *) a->offs)[i] < ((const int16 *) a->offs)[i - 1];
-	return !descends;
+	for (; e->pos < b->n && b->cid[e->pos] < w->hi; e->pos++)
+		if (window_cand(w, b->cid[e->pos], &at))
+			cands[at].score += contribution(p, t->wk, b->tf[e->pos], b->dl[e->pos]);
 }
 
 /*
- * The position of the first posting at or after position i of a block in chunk order whose chunk id is cid or
- * more (a->n when none): a galloping search, as the candidates it is asked for ascend.
+ * The block whose row is in p->slot, lying in this window or before it, added to the candidates holding its
+ * chunks, read in place from the row in whatever order it holds them: a non-essential block holds a few of
+ * the candidates among its BLOCK postings, and each posting finds its candidate, if any, by its chunk id.
  */
-static inline int
-block_seek(const BlockArrays *a, int i, int64 cid)
-{
-	int			step = 1;
-	int			r;
-
-	while (i + step < a->n && block_cid(a, i + step) < cid)
-	{
-		i += step;
-		step *= 2;
-	}
-	r = Min(i + step, a->n);
-	while (i < r)
-	{
-		int			m = i + (r - i) / 2;
-
-		if (block_cid(a, m) < cid)
-			i = m + 1;
-		else
-			r = m;
-	}
-	return i;
-}
-
-/*
- * The block whose row is in p->slot added to the candidates holding its chunks, read in place from the row: a
- * non-essential block holds a few of the candidates among its BLOCK postings, so each candidate in its range is
- * sought among them, and only the tfs and lengths of those found are read. False, with nothing added, when its
- * postings are not in chunk order (merge_block takes it decoded).
- */
-static bool
-merge_row(Postings *p, QueryTerm *t, const Entry *e, Hit *cands, int64 n)
+static void
+merge_row(Postings *p, QueryTerm *t, const Entry *e, const Window *w, Hit *cands)
 {
 	BlockArrays a;
-	int64		last;
-	int64		j;
-	int			i = 0;
+	int			i;
+	int32		at;
 
 	block_arrays(p, &a);
-	if (!block_sorted(&a))
+	for (i = 0; i < a.n; i++)
 	{
-		MemoryContextReset(p->scratch);
-		return false;
-	}
-	if (a.n > 0)
-	{
-		if (block_cid(&a, 0) < e->first || block_cid(&a, a.n - 1) > e->last)
+		int64		cid = block_cid(&a, i);
+
+		if (cid < e->first || cid > e->last)
 			malformed_block(p);
-		last = block_cid(&a, a.n - 1);
-		for (j = lower_bound(cands, n, block_cid(&a, 0)); j < n && cands[j].cid <= last; j++)
-		{
-			i = block_seek(&a, i, cands[j].cid);
-			if (block_cid(&a, i) == cands[j].cid)
-				cands[j].score += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
-		}
+		if (window_cand(w, cid, &at))
+			cands[at].score += contribution(p, t->wk, a.tfs[i], block_dl(&a, i));
 	}
 	MemoryContextReset(p->scratch);
-	return true;
 }
 
 /*
@@ -892,9 +850,10 @@ merge_row(Postings *p, QueryTerm *t, const Entry *e, Hit *cands, int64 n)
  * then its own); a block that may hold chunks of later windows stays an entry.
  */
 static void
-add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 ncands, double rest,
-			  double theta)
+add_remaining(Postings *p, TermCursor *c, const Window *w, Hit *cands, int64 ncands, double rest, double theta)
 {
+	int64		lo = w->lo;
+	int64		hi = w->hi;
 	int			i;
 	int			n = 0;
 
@@ -920,15 +879,13 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 				if (e->block == NULL && e->last < hi)
 				{
 					/* all its postings are in this window or before: read in place, then done with */
-					if (!in_slot && !fetch_row(p, e))
-						continue;
-					if (merge_row(p, &c->t, e, cands, ncands))
-						continue;
-					in_slot = true;
+					if (in_slot || fetch_row(p, e))
+						merge_row(p, &c->t, e, w, cands);
+					continue;
 				}
 				if (e->block == NULL && !decode(p, e, in_slot))
 					continue;
-				merge_block(p, &c->t, e, cands, ncands, lo, hi);
+				merge_block(p, &c->t, e, w, cands);
 			}
 		}
 		if (e->last >= hi && (e->block == NULL || e->pos < e->block->n))
@@ -939,16 +896,28 @@ add_remaining(Postings *p, TermCursor *c, int64 lo, int64 hi, Hit *cands, int64 
 	c->n = n;
 }
 
-/* The candidates whose score plus `bound` reaches theta, kept in order. */
+/*
+ * The candidates whose score plus `bound` reaches theta, kept in order, and the window's marks made to match:
+ * the others are no longer its candidates.
+ */
 static int64
-prune(Hit *cands, int64 n, double bound, double theta)
+prune(Window *w, Hit *cands, int64 n, double bound, double theta)
 {
 	int64		i;
 	int64		kept = 0;
 
 	for (i = 0; i < n; i++)
+	{
+		int64		o = cands[i].cid - w->lo;
+
 		if (cands[i].score + bound >= theta)
+		{
+			w->cand_at[o] = (int32) kept;
 			cands[kept++] = cands[i];
+		}
+		else
+			w->is_cand[o >> 6] &= ~(UINT64CONST(1) << (o & 63));
+	}
 	return kept;
 }
 
@@ -1124,7 +1093,10 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		cursor_open(&p, &cur[i]);
 	}
 
-	w = palloc0(sizeof(Window));
+	w = palloc(sizeof(Window));	/* cand_at is read only where is_cand is set */
+	memset(w->score, 0, sizeof(w->score));
+	memset(w->reached, 0, sizeof(w->reached));
+	memset(w->is_cand, 0, sizeof(w->is_cand));
 	cands = MemoryContextAllocHuge(work, sizeof(Hit) * WINDOW);
 	best.k = k;
 	best.n = 0;
@@ -1148,9 +1120,10 @@ agentdb_accel_bm25_topk_blocks(PG_FUNCTION_ARGS)
 		ncands = window_candidates(w, below_sum[essential], theta, cands);
 		for (i = essential - 1; i >= 0 && ncands > 0; i--)
 		{
-			ncands = prune(cands, ncands, cur[i].t.ub + below_sum[i], theta);
-			add_remaining(&p, &cur[i], w->lo, w->hi, cands, ncands, below_sum[i], theta);
+			ncands = prune(w, cands, ncands, cur[i].t.ub + below_sum[i], theta);
+			add_remaining(&p, &cur[i], w, cands, ncands, below_sum[i], theta);
 		}
+		memset(w->is_cand, 0, sizeof(w->is_cand));
 		for (h = 0; h < ncands; h++)
 			offer(&best, cands[h].cid, round_score(cands[h].score));
 		if (best.n == k)

@@ -222,11 +222,11 @@ def _reversed(column: str) -> sql.Composed:
 
 def test_terms_left_out_of_the_window_sums_on_both_paths(conn: psycopg.Connection[Any]) -> None:
     """Once theta rises, the cursor leaves the terms whose bounds sum below it out of a window's sums and reads
-    their blocks at the candidates alone: in place from the row, or decoded when its postings are not in chunk
-    order (as a write through the SQL statements may store them). 3,000 chunks, more than the first window's
-    1,024 ids: w0x in every chunk, w1x in every fifth, w2x in every 37th, among rarer words. Lexical answers at
-    several depths are the same on both paths, before and after the postings of every block of w0x are put
-    in reverse order."""
+    their blocks at the candidates alone: in place from the row when the block lies within the window, in any
+    order of its postings (as a write through the SQL statements may store them), or decoded and sorted when it
+    reaches into the next window. 3,000 chunks, more than the first window's 1,024 ids: w0x in every chunk, w1x
+    in every fifth, w2x in every 37th, among rarer words. Lexical answers at several depths are the same on both
+    paths, before and after the postings of every block of w0x are put in reverse order."""
     create_document_source(
         conn, "left", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
     )
