@@ -528,28 +528,63 @@ typedef struct TermCursor
 	Entry	   *entries;		/* in first-chunk order */
 	int			n;
 	int			cap;
+	uint32		term_size;		/* the term's bytes in its index tuples, header included; 0 until known */
+	uint32		offsets[INDEX_MAX_KEYS];	/* then each column's place in a tuple's data */
 } TermCursor;
+
+/*
+ * Where the index tuples of term c keep their columns, from one of them without nulls. The columns before
+ * first_chunk are source_id and the term, so every such tuple of the term whose term takes as many bytes keeps
+ * each column in the same place: the cursor reads its columns there, where deforming each tuple would walk
+ * them (none has a cached offset after the term, a varlena).
+ */
+static void
+tuple_offsets(TermCursor *c, IndexTuple itup, TupleDesc desc)
+{
+	const char *data = (char *) itup + IndexInfoFindDataOffset(itup->t_info);
+	uintptr_t	off = 0;
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		CompactAttribute *att = TupleDescCompactAttr(desc, i);
+
+		off = att_pointer_alignby(off, att->attalignby, att->attlen, data + off);
+		c->offsets[i] = (uint32) off;
+		off = att_addlength_pointer(off, att->attlen, data + off);
+	}
+	c->term_size = VARSIZE_ANY(data + c->offsets[1]);
+}
 
 /* The scan's next index tuple, or more = false at its end. */
 static void
 cursor_step(const Postings *p, TermCursor *c)
 {
 	ItemPointer tid = index_getnext_tid(c->scan, ForwardScanDirection);
-	Datum		values[INDEX_MAX_KEYS];
-	bool		isnull[INDEX_MAX_KEYS];
+	IndexTuple	itup;
+	const char *data;
 
 	c->more = tid != NULL;
 	if (!c->more)
 		return;
 	c->next_tid = *tid;
-	/* one pass over the tuple: the columns after the term have no cached offsets */
-	index_deform_tuple(c->scan->xs_itup, c->scan->xs_itupdesc, values, isnull);
-	c->next_first = DatumGetInt64(values[2]);
+	itup = c->scan->xs_itup;
+	data = (char *) itup + IndexInfoFindDataOffset(itup->t_info);
+	if (IndexTupleHasNulls(itup) ||
+		(c->term_size != 0 && VARSIZE_ANY(data + c->offsets[1]) != c->term_size))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("an index tuple of the key index of %s does not hold its term's columns",
+						RelationGetRelationName(p->heap))));
+	if (c->term_size == 0)
+		tuple_offsets(c, itup, c->scan->xs_itupdesc);
+	c->next_first = DatumGetInt64(fetch_att(data + c->offsets[2], true, sizeof(int64)));
 	if (p->key_bounds)
 	{
-		c->next_last = DatumGetInt64(values[p->itup_last - 1]);
-		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(values[p->itup_last]),
-									 DatumGetInt32(values[p->itup_last + 1]));
+		c->next_last = DatumGetInt64(fetch_att(data + c->offsets[p->itup_last - 1], true, sizeof(int64)));
+		c->next_bound =
+			contribution(p, c->t.wk, DatumGetInt32(fetch_att(data + c->offsets[p->itup_last], true, sizeof(int32))),
+						 DatumGetInt32(fetch_att(data + c->offsets[p->itup_last + 1], true, sizeof(int32))));
 	}
 }
 
