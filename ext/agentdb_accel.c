@@ -536,7 +536,8 @@ typedef struct TermCursor
  * Where the index tuples of term c keep their columns, from one of them without nulls. The columns before
  * first_chunk are source_id and the term, so every such tuple of the term whose term takes as many bytes keeps
  * each column in the same place: the cursor reads its columns there, where deforming each tuple would walk
- * them (none has a cached offset after the term, a varlena).
+ * them (none has a cached offset after the term, a varlena). A tuple whose term is stored otherwise (compressed
+ * in one row and not in another) is deformed.
  */
 static void
 tuple_offsets(TermCursor *c, IndexTuple itup, TupleDesc desc)
@@ -562,29 +563,39 @@ cursor_step(const Postings *p, TermCursor *c)
 {
 	ItemPointer tid = index_getnext_tid(c->scan, ForwardScanDirection);
 	IndexTuple	itup;
+	TupleDesc	desc;
 	const char *data;
+	Datum		values[INDEX_MAX_KEYS];
+	bool		isnull[INDEX_MAX_KEYS];
 
 	c->more = tid != NULL;
 	if (!c->more)
 		return;
 	c->next_tid = *tid;
 	itup = c->scan->xs_itup;
+	desc = c->scan->xs_itupdesc;
 	data = (char *) itup + IndexInfoFindDataOffset(itup->t_info);
-	if (IndexTupleHasNulls(itup) ||
-		(c->term_size != 0 && VARSIZE_ANY(data + c->offsets[1]) != c->term_size))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("an index tuple of the key index of %s does not hold its term's columns",
-						RelationGetRelationName(p->heap))));
-	if (c->term_size == 0)
-		tuple_offsets(c, itup, c->scan->xs_itupdesc);
-	c->next_first = DatumGetInt64(fetch_att(data + c->offsets[2], true, sizeof(int64)));
+	if (c->term_size == 0 && !IndexTupleHasNulls(itup))
+		tuple_offsets(c, itup, desc);
+	if (!IndexTupleHasNulls(itup) && VARSIZE_ANY(data + c->offsets[1]) == c->term_size)
+	{
+		int			i;
+
+		for (i = 2; i < desc->natts; i++)
+		{
+			CompactAttribute *att = TupleDescCompactAttr(desc, i);
+
+			values[i] = fetch_att(data + c->offsets[i], att->attbyval, att->attlen);
+		}
+	}
+	else
+		index_deform_tuple(itup, desc, values, isnull);
+	c->next_first = DatumGetInt64(values[2]);
 	if (p->key_bounds)
 	{
-		c->next_last = DatumGetInt64(fetch_att(data + c->offsets[p->itup_last - 1], true, sizeof(int64)));
-		c->next_bound =
-			contribution(p, c->t.wk, DatumGetInt32(fetch_att(data + c->offsets[p->itup_last], true, sizeof(int32))),
-						 DatumGetInt32(fetch_att(data + c->offsets[p->itup_last + 1], true, sizeof(int32))));
+		c->next_last = DatumGetInt64(values[p->itup_last - 1]);
+		c->next_bound = contribution(p, c->t.wk, DatumGetInt32(values[p->itup_last]),
+									 DatumGetInt32(values[p->itup_last + 1]));
 	}
 }
 
