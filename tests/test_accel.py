@@ -567,3 +567,31 @@ def test_blocks_too_wide_for_two_bytes_on_both_paths(conn: psycopg.Connection[An
                 assert ("z00017" in query) <= any(d == doc for d, *_ in answers["accel"])
                 assert_same(answers["accel"], answers["sql"])
     assert _derived(conn, "wa") == _derived(conn, "ws")
+
+
+def test_terms_of_every_stored_size_on_both_paths(conn: psycopg.Connection[Any]) -> None:
+    """The cursor reads an index tuple's columns after the term at their places behind it, however the key index
+    keeps the term: a short header (up to 126 bytes), a long one, or compressed (over 512 bytes). Each term's
+    blocks are written by statements of their own (a tuple a block); both paths answer alike."""
+    create_document_source(
+        conn, "sz", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
+    )
+    rng = random.Random(31)
+    short, long, compressed = "ab" * 20, "".join(rng.choices("abcdefgh", k=200)), "abcdefgh" * 112
+    rows = _rows(rng, 12)
+    for n, (doc, chunk, text, meta, vec) in enumerate(rows):  # one statement a chunk: a block a term each
+        words = [w for i, w in enumerate((short, long, compressed)) if (n >> i) & 1 or n % 5 == 0]
+        _copy(conn, [(doc, chunk, " ".join([text, *words]), meta, vec)], ("sz",))
+    held = conn.execute(
+        "select length(term), count(*) from agentdb.posting_blocks where length(term) >= 40 group by 1 order by 1"
+    ).fetchall()
+    assert [n for n, _ in held] == [40, 200, 896] and all(blocks > 3 for _, blocks in held), held
+    for query in (f"{short} {long} {compressed}", f"{compressed} {WORDS[0]}", f"{WORDS[1]} {long} {WORDS[2]}"):
+        answers = {}
+        for path in PATHS:
+            _on(conn, path)
+            result = retrieve(conn, "sz", query, mode="lexical", top_k=10)
+            assert result.diagnostics["parameters"]["lexical_path"] == path
+            answers[path] = _answer(result)
+        assert len(answers["accel"]) >= 4
+        assert_same(answers["accel"], answers["sql"])
