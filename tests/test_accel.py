@@ -586,7 +586,11 @@ def test_terms_of_every_stored_size_on_both_paths(conn: psycopg.Connection[Any])
         "select length(term), count(*) from agentdb.posting_blocks where length(term) >= 40 group by 1 order by 1"
     ).fetchall()
     assert [n for n, _ in held] == [40, 200, 896] and all(blocks > 3 for _, blocks in held), held
-    for query in (f"{short} {long} {compressed}", f"{compressed} {WORDS[0]}", f"{WORDS[1]} {long} {WORDS[2]}"):
+    for query in (
+        f"{short} {long} {compressed}",
+        f"{compressed} {WORDS[0]}",
+        f"{WORDS[1]} {long} {WORDS[2]}",
+    ):
         answers = {}
         for path in PATHS:
             _on(conn, path)
