@@ -121,8 +121,6 @@ typedef struct Postings
 	IndexFetchTableData *fetch; /* a block's row by its TID */
 	bool		key_bounds;		/* the key index includes last_chunk, max_tf and min_dl (migration 0026) */
 	AttrNumber	itup_last;		/* with key_bounds: last_chunk's position in an index tuple, then max_tf, min_dl */
-	uint32		itup_term_at;	/* where an index tuple's term starts, before its alignment */
-	uint32		itup_after[INDEX_MAX_KEYS]; /* each column after the term: its place from first_chunk's */
 	AttrNumber	att_first;
 	AttrNumber	att_last;
 	AttrNumber	att_max_tf;
@@ -177,33 +175,6 @@ column(Relation rel, const char *name)
  * Open the posting blocks: agentdb.posting_blocks, or the table `blocks` (one shard of it on a Citus worker,
  * whose key has the shard key after first_chunk) when valid.
  */
-/*
- * Where the key index's tuples keep their columns: source_id, then the term, then columns of fixed length whose
- * places from first_chunk's (aligned as strictly as any of them) are the same in every tuple.
- */
-static void
-index_layout(Postings *p)
-{
-	TupleDesc	desc = RelationGetDescr(p->index);
-	int			i;
-
-	p->itup_term_at = TupleDescCompactAttr(desc, 0)->attlen;
-	p->itup_after[2] = 0;
-	for (i = 2; i < desc->natts; i++)
-	{
-		CompactAttribute *att = TupleDescCompactAttr(desc, i);
-
-		if (att->attlen <= 0 || att->attalignby > TupleDescCompactAttr(desc, 2)->attalignby)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("the key index of %s holds a column of variable length or wider alignment after "
-							"first_chunk", RelationGetRelationName(p->heap))));
-		if (i > 2)
-			p->itup_after[i] = att_nominal_alignby(p->itup_after[i - 1] + TupleDescCompactAttr(desc, i - 1)->attlen,
-												   att->attalignby);
-	}
-}
-
 static void
 postings_open(Postings *p, Oid blocks, int32 source_id, double k_len, double k_dl)
 {
@@ -246,7 +217,6 @@ postings_open(Postings *p, Oid blocks, int32 source_id, double k_len, double k_d
 		p->index->rd_index->indkey.values[nkeys + 1] == p->att_max_tf &&
 		p->index->rd_index->indkey.values[nkeys + 2] == p->att_min_dl;
 	p->itup_last = nkeys + 1;
-	index_layout(p);
 	p->term_collation = p->index->rd_indcollation[1];
 	p->snapshot = GetActiveSnapshot();
 	p->slot = table_slot_create(p->heap, NULL);
@@ -558,13 +528,36 @@ typedef struct TermCursor
 	Entry	   *entries;		/* in first-chunk order */
 	int			n;
 	int			cap;
+	uint32		term_size;		/* the term's bytes in its index tuples, header included; 0 until known */
+	uint32		offsets[INDEX_MAX_KEYS];	/* then each column's place in a tuple's data */
 } TermCursor;
 
 /*
- * The scan's next index tuple, or more = false at its end. Its columns after the term are read at their places
- * behind the term (p->itup_after), where deforming the tuple would walk every column (none has a cached offset
- * after the term, a varlena).
+ * Where the index tuples of term c keep their columns, from one of them without nulls. The columns before
+ * first_chunk are source_id and the term, so every such tuple of the term whose term takes as many bytes keeps
+ * each column in the same place: the cursor reads its columns there, where deforming each tuple would walk
+ * them (none has a cached offset after the term, a varlena). A tuple whose term is stored otherwise (compressed
+ * in one row and not in another) is deformed.
  */
+static void
+tuple_offsets(TermCursor *c, IndexTuple itup, TupleDesc desc)
+{
+	const char *data = (char *) itup + IndexInfoFindDataOffset(itup->t_info);
+	uintptr_t	off = 0;
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		CompactAttribute *att = TupleDescCompactAttr(desc, i);
+
+		off = att_pointer_alignby(off, att->attalignby, att->attlen, data + off);
+		c->offsets[i] = (uint32) off;
+		off = att_addlength_pointer(off, att->attlen, data + off);
+	}
+	c->term_size = VARSIZE_ANY(data + c->offsets[1]);
+}
+
+/* The scan's next index tuple, or more = false at its end. */
 static void
 cursor_step(const Postings *p, TermCursor *c)
 {
@@ -572,9 +565,8 @@ cursor_step(const Postings *p, TermCursor *c)
 	IndexTuple	itup;
 	TupleDesc	desc;
 	const char *data;
-	uintptr_t	at;
 	Datum		values[INDEX_MAX_KEYS];
-	int			i;
+	bool		isnull[INDEX_MAX_KEYS];
 
 	c->more = tid != NULL;
 	if (!c->more)
@@ -582,16 +574,22 @@ cursor_step(const Postings *p, TermCursor *c)
 	c->next_tid = *tid;
 	itup = c->scan->xs_itup;
 	desc = c->scan->xs_itupdesc;
-	Assert(!IndexTupleHasNulls(itup));	/* the columns are not null */
 	data = (char *) itup + IndexInfoFindDataOffset(itup->t_info);
-	at = att_pointer_alignby(p->itup_term_at, TupleDescCompactAttr(desc, 1)->attalignby, -1, data + p->itup_term_at);
-	at = att_nominal_alignby(at + VARSIZE_ANY(data + at), TupleDescCompactAttr(desc, 2)->attalignby);
-	for (i = 2; i < desc->natts; i++)
+	if (c->term_size == 0 && !IndexTupleHasNulls(itup))
+		tuple_offsets(c, itup, desc);
+	if (!IndexTupleHasNulls(itup) && VARSIZE_ANY(data + c->offsets[1]) == c->term_size)
 	{
-		CompactAttribute *att = TupleDescCompactAttr(desc, i);
+		int			i;
 
-		values[i] = fetch_att(data + at + p->itup_after[i], att->attbyval, att->attlen);
+		for (i = 2; i < desc->natts; i++)
+		{
+			CompactAttribute *att = TupleDescCompactAttr(desc, i);
+
+			values[i] = fetch_att(data + c->offsets[i], att->attbyval, att->attlen);
+		}
 	}
+	else
+		index_deform_tuple(itup, desc, values, isnull);
 	c->next_first = DatumGetInt64(values[2]);
 	if (p->key_bounds)
 	{

@@ -570,9 +570,10 @@ def test_blocks_too_wide_for_two_bytes_on_both_paths(conn: psycopg.Connection[An
 
 
 def test_terms_of_every_stored_size_on_both_paths(conn: psycopg.Connection[Any]) -> None:
-    """The cursor reads an index tuple's columns after the term at their places behind it, however the key index
-    keeps the term: a short header (up to 126 bytes), a long one, or compressed (over 512 bytes). Each term's
-    blocks are written by statements of their own (a tuple a block); both paths answer alike."""
+    """The cursor reads a term's index tuples at the places it found on the term's first one (the term and what
+    comes before it take the same bytes in each), however the key index keeps the term: with a short header (up
+    to 126 bytes), a long one, or compressed (over 512 bytes). Each term's blocks are written by statements of
+    their own (a tuple a block); both paths answer alike."""
     create_document_source(
         conn, "sz", embedding_model="m", embedding_dim=DIM, fields=FIELDS, lexical_layout="blocks"
     )
