@@ -534,10 +534,11 @@ typedef struct TermCursor
 
 /*
  * Where the index tuples of term c keep their columns, from one of them without nulls. The columns before
- * first_chunk are source_id and the term, so every such tuple of the term whose term takes as many bytes keeps
- * each column in the same place: the cursor reads its columns there, where deforming each tuple would walk
- * them (none has a cached offset after the term, a varlena). A tuple whose term is stored otherwise (compressed
- * in one row and not in another) is deformed.
+ * first_chunk are source_id and the term, and a shard's one shard_key follows it, so every such tuple of the
+ * term whose term takes as many bytes keeps each column in the same place: the cursor reads its columns there,
+ * where deforming each tuple would walk them (none has a cached offset after the term, a varlena). A tuple whose
+ * term is stored otherwise (a long term compressed by another method than in the first tuple's block) is
+ * deformed.
  */
 static void
 tuple_offsets(TermCursor *c, IndexTuple itup, TupleDesc desc)
